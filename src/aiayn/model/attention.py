@@ -1,0 +1,235 @@
+"""Attention (§3.2): scaled dot-product attention, multi-head attention, and the KV cache.
+
+Legend: B batch, T query length, S key/value length, H heads (the paper's h),
+D_k / D_v per-head sizes (d_k, d_v).
+
+Masks are boolean with ``True`` = may attend (see ``aiayn.model.masks``); this is the opposite
+of ``torch.nn.Transformer``'s convention.
+
+What differs from the paper, and why:
+- A query row whose mask allows no key returns zeros rather than NaN (softmax over an empty set
+  is undefined; zeros keep training and batched decoding finite).
+- Optional dropout on the attention weights (``attention_dropout``, default 0 as in the paper).
+- The KV cache (for incremental decoding) is not in the paper; it is an explicit object that is
+  passed in and returned, never stored on a module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "AttentionCache", "KVCache"]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (§3.2.1, eq. 1).
+
+    One function, two paths: ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)
+    when the weights are not needed, the explicit formula when they are. A test keeps them equal.
+
+    Args:
+        q, k, v: queries ``(B, H, T, D_k)``, keys ``(B, H, S, D_k)``, values ``(B, H, S, D_v)``.
+        mask: boolean, ``True`` = may attend, broadcastable to ``(B, H, T, S)``.
+        dropout_p: dropout on the attention weights (pass 0 in eval mode).
+        need_weights: also return the attention weights.
+
+    Returns:
+        ``(out, weights)``: ``out`` is ``(B, H, T, D_v)``; ``weights`` is ``(B, H, T, S)``
+        or None. A query row with no key to attend to gives zeros (and zero weights).
+    """
+    if mask is not None:
+        # Rows that may attend to nothing: let them attend everywhere (finite softmax), then zero
+        # their output, so neither the forward nor the backward pass meets a NaN.
+        valid = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T|1, 1)
+        mask = mask | ~valid
+    if need_weights:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if mask is not None:
+            weights = weights.masked_fill(~valid, 0.0)
+        out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T, D_v)
+    else:
+        weights = None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    if mask is not None:
+        out = out.masked_fill(~valid, 0.0)
+    return out, weights
+
+
+class AttentionCache:
+    """Keys and values of one attention sublayer, kept between decoding steps.
+
+    Layout: ``k`` is ``(B, H, L, D_k)`` and ``v`` is ``(B, H, L, D_v)`` with ``L = length``.
+    Self-attention appends the new positions every step into a buffer that grows by doubling
+    (amortized O(1) per step, no re-copy of the whole prefix); encoder-decoder attention sets
+    them once per source (``static``).
+    """
+
+    def __init__(self) -> None:
+        self._k: Tensor | None = None  # (B, H, capacity, D_k)
+        self._v: Tensor | None = None  # (B, H, capacity, D_v)
+        self.length = 0
+        self.static = False
+
+    @property
+    def k(self) -> Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        """Store keys and values computed once (encoder-decoder attention)."""
+        self._k, self._v, self.length, self.static = k, v, k.size(2), True
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``(B, H, n, D)`` new keys and values; return all ``(B, H, length, D)``."""
+        end = self.length + k.size(2)
+        if self._k is None or end > self._k.size(2):
+            capacity = max(end, 2 * (self._k.size(2) if self._k is not None else 0), 16)
+            new_k = k.new_empty(k.size(0), k.size(1), capacity, k.size(3))
+            new_v = v.new_empty(v.size(0), v.size(1), capacity, v.size(3))
+            if self.length:
+                new_k[:, :, : self.length] = self.k
+                new_v[:, :, : self.length] = self.v
+            self._k, self._v = new_k, new_v
+        self._k[:, :, self.length : end] = k
+        self._v[:, :, self.length : end] = v
+        self.length = end
+        return self.k, self.v
+
+    def reorder(self, indices: Tensor) -> None:
+        """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
+        if self._k is not None:
+            self._k = self._k[:, :, : self.length].index_select(0, indices)
+            self._v = self._v[:, :, : self.length].index_select(0, indices)
+
+
+class KVCache:
+    """The state of incremental decoding for a whole decoder stack.
+
+    Layout:
+        ``self_attn[l]``: the masked self-attention K/V of layer l, growing one step at a time.
+        ``cross_attn[l]``: the encoder-decoder K/V of layer l, computed once per source
+        (empty for a decoder-only model).
+        ``memory_mask``: the source padding mask ``(B, 1, 1, S)`` (True = real token), or None.
+        ``length``: the number of target positions already processed (the position offset of
+        the next step).
+
+    It is passed to ``decode`` and returned by it; modules never keep it. ``reorder(indices)``
+    gathers every layer's rows by parent, for beam search (also to expand a batch to beams:
+    ``indices = arange(B).repeat_interleave(beam)``).
+    """
+
+    def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
+        self.self_attn = [AttentionCache() for _ in range(num_layers)]
+        self.cross_attn = [AttentionCache() for _ in range(num_layers)] if cross else None
+        self.memory_mask = memory_mask
+
+    @property
+    def length(self) -> int:
+        return self.self_attn[0].length if self.self_attn else 0
+
+    def reorder(self, indices: Tensor) -> KVCache:
+        for layer_cache in self.self_attn + (self.cross_attn or []):
+            layer_cache.reorder(indices)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, indices)
+        return self
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)  (§3.2.2).
+
+    The h heads are folded into a tensor dimension, never looped over. One module serves both
+    uses in the paper (§3.2.3):
+    - self-attention (``cross=False``): Q, K and V all come from ``x``, through one fused
+      projection ``in_proj`` = [W^Q; W^K; W^V];
+    - encoder-decoder attention (``cross=True``): Q from the decoder state ``x``, K and V from
+      the encoder output ``memory``, through the same ``in_proj`` split in two.
+    The weight layout equals ``torch.nn.MultiheadAttention``'s ``in_proj_weight``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        h: int,
+        d_k: int,
+        d_v: int,
+        attention_dropout: float = 0.0,
+        cross: bool = False,
+    ) -> None:
+        super().__init__()
+        self.h, self.d_k, self.d_v, self.cross = h, d_k, d_v, cross
+        self.attention_dropout = attention_dropout
+        self.in_proj = nn.Linear(d_model, h * (2 * d_k + d_v))  # [W^Q; W^K; W^V], all heads
+        self.out_proj = nn.Linear(h * d_v, d_model)  # W^O
+
+    def _heads(self, x: Tensor, d: int) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.h, d).transpose(1, 2)  # (B, L, H*D) -> (B, H, L, D)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``."""
+        q_size = self.h * self.d_k
+        kv = F.linear(memory, self.in_proj.weight[q_size:], self.in_proj.bias[q_size:])  # (B, S, H*(D_k+D_v))
+        k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: AttentionCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` to itself (self-attention) or to ``memory`` (encoder-decoder).
+
+        Args:
+            x: ``(B, T, d_model)``, the queries (and keys/values in self-attention).
+            memory: ``(B, S, d_model)`` encoder output, for ``cross=True`` (may be None when
+                ``cache`` already holds its K/V).
+            mask: boolean, ``True`` = may attend, broadcastable to ``(B, H, T, S)``.
+            cache: this sublayer's K/V from earlier steps; updated in place.
+            need_weights: also return the attention weights ``(B, H, T, S)``.
+
+        Shape: returns ``(B, T, d_model)`` and the weights or None.
+        """
+        q_size, k_size = self.h * self.d_k, self.h * self.d_k
+        if self.cross:
+            q = F.linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size])  # (B, T, H*D_k)
+            q = self._heads(q, self.d_k)  # (B, H, T, D_k)
+            if cache is not None and cache.static:
+                k, v = cache.k, cache.v
+            else:
+                if memory is None:
+                    raise ValueError("encoder-decoder attention needs memory or a filled cache")
+                k, v = self.project_kv(memory)  # (B, H, S, D_k), (B, H, S, D_v)
+                if cache is not None:
+                    cache.set(k, v)
+        else:
+            q, k, v = self.in_proj(x).split([q_size, k_size, self.h * self.d_v], dim=-1)
+            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, H, length, D)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
+        B, _, T, _ = out.shape
+        out = out.transpose(1, 2).reshape(B, T, self.h * self.d_v)  # (B, T, H*D_v)
+        return self.out_proj(out), weights

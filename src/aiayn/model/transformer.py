@@ -1,0 +1,360 @@
+"""The stacks and the models (§3.1, Figure 1): Encoder, Decoder, Transformer, and the
+encoder-only and decoder-only variants built from the same layers.
+
+Legend: B batch, S source length, T target length, H heads, V vocabulary size.
+
+Masks are boolean, ``True`` = may attend; padding is derived from ``config.pad_id``.
+
+What differs from the paper, and why:
+- ``DecoderOnly`` (a causal language model, as in GPT) and ``EncoderOnly`` (a bidirectional
+  encoder with a masked-LM head, as in BERT) are not in the paper; they reuse its layers.
+- ``ModelConfig.final_norm`` optionally adds a LayerNorm after each stack (needed by pre-norm).
+- Incremental decoding with a KV cache (``init_cache`` / ``decode``) is an inference device,
+  exactly equal to recomputing the whole prefix.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from . import masks
+from .attention import KVCache, MultiHeadAttention
+from .config import ModelConfig
+from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from .layers import DecoderLayer, EncoderLayer
+from .pretrained import PretrainedMixin
+
+__all__ = [
+    "Encoder",
+    "Decoder",
+    "Transformer",
+    "DecoderOnly",
+    "EncoderOnly",
+    "EncoderOutput",
+    "DecoderOutput",
+    "Attention",
+    "init_weights",
+]
+
+
+class EncoderOutput(NamedTuple):
+    memory: Tensor  # (B, S, d_model)
+    mask: Tensor  # (B, 1, 1, S) source padding mask, True = real token
+    attention: list[Tensor] | None  # per layer (B, H, S, S)
+
+
+class DecoderOutput(NamedTuple):
+    logits: Tensor  # (B, T, V)
+    cache: KVCache | None
+    self_attention: list[Tensor] | None  # per layer (B, H, T, T)
+    cross_attention: list[Tensor] | None  # per layer (B, H, T, S)
+
+
+class Attention(NamedTuple):
+    """Every layer's attention weights, returned by ``forward(..., return_attention=True)``."""
+
+    encoder: list[Tensor] | None  # encoder self-attention, per layer (B, H, S, S)
+    decoder_self: list[Tensor] | None  # decoder masked self-attention, per layer (B, H, T, T)
+    decoder_cross: list[Tensor] | None  # encoder-decoder attention, per layer (B, H, T, S)
+
+
+class Encoder(nn.Module):
+    """A stack of N encoder layers (§3.1), plus a final LayerNorm if ``config.final_norm``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.N))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, return_attention: bool = False
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """x ``(B, S, d_model)`` embedded source; mask ``(B, 1, 1|S, S)``, True = may attend.
+
+        Returns ``(B, S, d_model)`` and, if asked, each layer's weights ``(B, H, S, S)``.
+        """
+        attention = [] if return_attention else None
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights=return_attention)
+            if attention is not None:
+                attention.append(weights)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, attention
+
+
+class Decoder(nn.Module):
+    """A stack of N decoder layers (§3.1), plus a final LayerNorm if ``config.final_norm``.
+    ``cross=False`` builds the decoder of a decoder-only model (no encoder-decoder attention)."""
+
+    def __init__(self, config: ModelConfig, cross: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config, cross) for _ in range(config.N_dec))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        """x ``(B, T, d_model)`` embedded target; memory ``(B, S, d_model)``; self_mask
+        ``(B|1, 1, T, T')`` and memory_mask ``(B, 1, 1, S)``, True = may attend. With a cache,
+        ``x`` holds only the new positions; the cache is updated in place.
+
+        Returns ``(B, T, d_model)`` and, if asked, per-layer self-attention ``(B, H, T, T')``
+        and encoder-decoder attention ``(B, H, T, S)`` weights.
+        """
+        self_attention = [] if return_attention else None
+        cross_attention = [] if return_attention else None
+        for i, layer in enumerate(self.layers):
+            self_cache = cache.self_attn[i] if cache is not None else None
+            cross_cache = cache.cross_attn[i] if cache is not None and cache.cross_attn is not None else None
+            x, self_w, cross_w = layer(x, memory, self_mask, memory_mask, self_cache, cross_cache, return_attention)
+            if return_attention:
+                self_attention.append(self_w)
+                cross_attention.append(cross_w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, self_attention, cross_attention
+
+
+def _positional(config: ModelConfig) -> nn.Module:
+    if config.positional == "learned":
+        return LearnedPositionalEmbedding(config.d_model, config.max_len)
+    return SinusoidalPositionalEncoding(config.d_model, config.max_len)
+
+
+def _self_mask(config: ModelConfig, T: int, offset: int, causal: bool, device: torch.device) -> Tensor | None:
+    """The structural part of a self-attention mask (causal and/or restricted window)."""
+    mask = masks.causal_mask(T, offset=offset, device=device) if causal else None
+    if config.attention_window is not None:
+        window = masks.window_mask(T, r=config.attention_window, offset=offset, device=device)
+        mask = window if mask is None else mask & window
+    return mask
+
+
+def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module) -> None:
+    """Xavier-uniform projection matrices with zero biases; embeddings N(0, d_model^-0.5)
+    (set by ``TokenEmbedding``), which suits their √d_model scaling; LayerNorm (1, 0)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (TokenEmbedding, LearnedPositionalEmbedding)):
+            module.reset_parameters()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            # W^Q, W^K, W^V are three d_model x (h d_k) matrices: initialise each on its own,
+            # not the fused (3 h d_k) x d_model block as a whole.
+            sizes = [module.h * module.d_k, module.h * module.d_k, module.h * module.d_v]
+            for block in module.in_proj.weight.split(sizes, dim=0):
+                nn.init.xavier_uniform_(block)
+
+
+class Transformer(PretrainedMixin, nn.Module):
+    """The encoder-decoder Transformer (§3, Figure 1).
+
+    Embeddings are scaled by √d_model and, when ``config.share_embeddings`` and
+    ``config.tie_output``, one matrix serves the source embedding, the target embedding and the
+    pre-softmax projection (§3.4). Sinusoidal (or learned) positional encodings are added and
+    dropout is applied to the sum (§3.5, §5.4).
+
+    Example::
+
+        model = Transformer(ModelConfig.base(vocab_size=37000))
+        logits = model(src, tgt)                      # (B, T, V), teacher forcing
+        enc = model.encode(src)                       # memory (B, S, d_model), mask (B, 1, 1, S)
+        cache = model.init_cache(enc.memory, enc.mask)
+        out = model.decode(bos, cache=cache)          # one step: out.logits (B, 1, V)
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.src_embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        if config.share_embeddings:
+            self.tgt_embedding = self.src_embedding
+        else:
+            self.tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model)
+        self.src_positional = _positional(config)
+        self.tgt_positional = _positional(config)
+        self.dropout = nn.Dropout(config.P_drop)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config, cross=True)
+        self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        init_weights(self)
+
+    def _logits(self, x: Tensor) -> Tensor:
+        if self.output_projection is None:
+            return self.tgt_embedding.project(x)  # (B, T, V)
+        return self.output_projection(x)
+
+    def encode(self, src: Tensor, return_attention: bool = False) -> EncoderOutput:
+        """Run the encoder. Shape: src ``(B, S)`` token ids -> memory ``(B, S, d_model)``,
+        source padding mask ``(B, 1, 1, S)`` (True = real token), optional attention per layer."""
+        src_mask = masks.padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
+        self_mask = _and(src_mask, _self_mask(self.config, src.size(1), 0, False, src.device))
+        x = self.dropout(self.src_positional(self.src_embedding(src)))  # (B, S, d_model)
+        memory, attention = self.encoder(x, self_mask, return_attention)
+        return EncoderOutput(memory, src_mask, attention)
+
+    def init_cache(self, memory: Tensor, memory_mask: Tensor | None = None) -> KVCache:
+        """A KV cache for incremental decoding of this source: the encoder-decoder keys and
+        values of every layer are computed here, once."""
+        cache = KVCache(len(self.decoder.layers), cross=True, memory_mask=memory_mask)
+        for layer, layer_cache in zip(self.decoder.layers, cache.cross_attn):
+            layer_cache.set(*layer.cross_attn.project_kv(memory))
+        return cache
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> DecoderOutput:
+        """Run the decoder and the output projection.
+
+        Without a cache: ``tgt`` ``(B, T)`` is the whole (shifted) target, masked causally and
+        by padding. With a cache from ``init_cache``: ``tgt`` holds only the new tokens
+        ``(B, T_new)``; ``memory`` and ``memory_mask`` come from the cache; the cache is
+        updated and returned.
+
+        Shape: logits ``(B, T, V)``.
+        """
+        offset = 0
+        if cache is not None:
+            offset, memory_mask = cache.length, cache.memory_mask
+            self_mask = _self_mask(self.config, tgt.size(1), offset, tgt.size(1) > 1, tgt.device)
+        else:
+            if memory is None:
+                raise ValueError("decode needs memory (from encode) or a cache (from init_cache)")
+            self_mask = _and(
+                masks.padding_mask(tgt, self.config.pad_id),
+                _self_mask(self.config, tgt.size(1), 0, True, tgt.device),
+            )  # (B, 1, T, T)
+        x = self.dropout(self.tgt_positional(self.tgt_embedding(tgt), offset))  # (B, T, d_model)
+        x, self_attention, cross_attention = self.decoder(x, memory, self_mask, memory_mask, cache, return_attention)
+        return DecoderOutput(self._logits(x), cache, self_attention, cross_attention)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Attention]:
+        """Teacher-forced logits. Shape: src ``(B, S)``, tgt ``(B, T)`` -> ``(B, T, V)``;
+        with ``return_attention`` also every layer's weights (``Attention``)."""
+        enc = self.encode(src, return_attention)
+        dec = self.decode(tgt, enc.memory, enc.mask, return_attention=return_attention)
+        if return_attention:
+            return dec.logits, Attention(enc.attention, dec.self_attention, dec.cross_attention)
+        return dec.logits
+
+
+class DecoderOnly(PretrainedMixin, nn.Module):
+    """A decoder-only Transformer: a causal language model (GPT-style). Decoder layers without
+    encoder-decoder attention; embedding tied to the output projection when ``tie_output``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.positional = _positional(config)
+        self.dropout = nn.Dropout(config.P_drop)
+        self.decoder = Decoder(config, cross=False)
+        self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self)
+
+    def init_cache(self) -> KVCache:
+        """An empty KV cache for incremental decoding."""
+        return KVCache(len(self.decoder.layers))
+
+    def decode(self, tokens: Tensor, cache: KVCache | None = None, return_attention: bool = False) -> DecoderOutput:
+        """Next-token logits. Without a cache, ``tokens`` ``(B, T)`` is the whole sequence
+        (causal and padding masks); with one, only the new tokens. Shape: logits ``(B, T, V)``."""
+        T = tokens.size(1)
+        if cache is not None:
+            offset = cache.length
+            self_mask = _self_mask(self.config, T, offset, T > 1, tokens.device)
+        else:
+            offset = 0
+            self_mask = _and(
+                masks.padding_mask(tokens, self.config.pad_id), _self_mask(self.config, T, 0, True, tokens.device)
+            )
+        x = self.dropout(self.positional(self.embedding(tokens), offset))  # (B, T, d_model)
+        x, self_attention, _ = self.decoder(x, self_mask=self_mask, cache=cache, return_attention=return_attention)
+        logits = self.embedding.project(x) if self.output_projection is None else self.output_projection(x)
+        return DecoderOutput(logits, cache, self_attention, None)
+
+    def forward(self, tokens: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
+        """Shape: ``(B, T)`` -> logits ``(B, T, V)`` (position t predicts token t + 1)."""
+        out = self.decode(tokens, return_attention=return_attention)
+        if return_attention:
+            return out.logits, Attention(None, out.self_attention, None)
+        return out.logits
+
+
+class MaskedLMHead(nn.Module):
+    """The masked-LM head of BERT: dense + activation + LayerNorm, then the (tied) vocabulary
+    projection with a bias. Shape: ``(B, L, d_model) -> (B, L, V)``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: Tensor, embedding: TokenEmbedding) -> Tensor:
+        """``embedding`` is the model's token embedding, used as the projection when tied."""
+        x = self.norm(self.activation(self.dense(x)))
+        logits = embedding.project(x) if self.projection is None else self.projection(x)
+        return logits + self.bias
+
+
+class EncoderOnly(PretrainedMixin, nn.Module):
+    """An encoder-only Transformer: a bidirectional encoder with a masked-LM head (BERT-style)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.positional = _positional(config)
+        self.dropout = nn.Dropout(config.P_drop)
+        self.encoder = Encoder(config)
+        self.mlm_head = MaskedLMHead(config)
+        init_weights(self)
+
+    def encode(self, tokens: Tensor, return_attention: bool = False) -> EncoderOutput:
+        """Contextual representations. Shape: ``(B, L)`` -> ``(B, L, d_model)``."""
+        mask = masks.padding_mask(tokens, self.config.pad_id)  # (B, 1, 1, L)
+        self_mask = _and(mask, _self_mask(self.config, tokens.size(1), 0, False, tokens.device))
+        x = self.dropout(self.positional(self.embedding(tokens)))
+        x, attention = self.encoder(x, self_mask, return_attention)
+        return EncoderOutput(x, mask, attention)
+
+    def forward(self, tokens: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
+        """Masked-LM logits. Shape: ``(B, L)`` -> ``(B, L, V)``."""
+        enc = self.encode(tokens, return_attention)
+        logits = self.mlm_head(enc.memory, self.embedding)
+        if return_attention:
+            return logits, Attention(enc.attention, None, None)
+        return logits
