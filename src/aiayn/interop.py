@@ -49,7 +49,9 @@ def _linear(dst: nn.Linear, src: nn.Linear, name: str) -> None:
 def _norm(dst: nn.LayerNorm | ResidualNorm | None, src: nn.LayerNorm | None, name: str) -> None:
     dst = dst.norm if isinstance(dst, ResidualNorm) else dst
     if (dst is None) != (src is None):
-        raise ValueError(f"{name}: {'missing in aiayn' if dst is None else 'missing in torch'}; set final_norm to match")
+        raise ValueError(
+            f"{name}: {'missing in aiayn' if dst is None else 'missing in torch'}; set final_norm to match"
+        )
     if dst is not None:
         if dst.eps != src.eps:
             raise ValueError(f"{name}: eps {src.eps} in torch, {dst.eps} in aiayn")
@@ -68,7 +70,7 @@ def _check_layer(layer: nn.Module, config: ModelConfig, name: str) -> None:
 def _encoder(dst: Encoder, src: nn.TransformerEncoder, config: ModelConfig, name: str) -> None:
     if len(dst.layers) != len(src.layers):
         raise ValueError(f"{name}: {len(src.layers)} layers in torch, {len(dst.layers)} in aiayn")
-    for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers)):
+    for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers, strict=True)):
         prefix = f"{name}.layers.{i}"
         _check_layer(theirs, config, prefix)
         _attention(ours.self_attn, theirs.self_attn, f"{prefix}.self_attn")
@@ -82,7 +84,7 @@ def _encoder(dst: Encoder, src: nn.TransformerEncoder, config: ModelConfig, name
 def _decoder(dst: Decoder, src: nn.TransformerDecoder, config: ModelConfig, name: str) -> None:
     if len(dst.layers) != len(src.layers):
         raise ValueError(f"{name}: {len(src.layers)} layers in torch, {len(dst.layers)} in aiayn")
-    for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers)):
+    for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers, strict=True)):
         prefix = f"{name}.layers.{i}"
         _check_layer(theirs, config, prefix)
         _attention(ours.self_attn, theirs.self_attn, f"{prefix}.self_attn")

@@ -127,6 +127,8 @@ class KVCache:
         ``cross_attn[l]``: the encoder-decoder K/V of layer l, computed once per source
         (empty for a decoder-only model).
         ``memory_mask``: the source padding mask ``(B, 1, 1, S)`` (True = real token), or None.
+        ``key_mask``: which cached target positions are real tokens ``(B, 1, 1, length)``
+        (True = real, False = padding, e.g. of left-padded prompts), or None.
         ``length``: the number of target positions already processed (the position offset of
         the next step).
 
@@ -139,6 +141,13 @@ class KVCache:
         self.self_attn = [AttentionCache() for _ in range(num_layers)]
         self.cross_attn = [AttentionCache() for _ in range(num_layers)] if cross else None
         self.memory_mask = memory_mask
+        self.key_mask: Tensor | None = None
+
+    def extend_key_mask(self, mask: Tensor) -> Tensor:
+        """Record the padding mask ``(B, 1, 1, n)`` of n new positions; return the whole
+        ``(B, 1, 1, length + n)`` mask of the self-attention keys."""
+        self.key_mask = mask if self.key_mask is None else torch.cat([self.key_mask, mask], dim=-1)
+        return self.key_mask
 
     @property
     def length(self) -> int:
@@ -149,6 +158,8 @@ class KVCache:
             layer_cache.reorder(indices)
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, indices)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, indices)
         return self
 
 

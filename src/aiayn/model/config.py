@@ -105,13 +105,13 @@ class ModelConfig:
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
         """Transformer (base), Table 3: N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1."""
-        kw = dict(N=6, d_model=512, d_ff=2048, h=8, d_k=64, d_v=64, P_drop=0.1)
+        kw = dict(N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1)  # d_k = d_v = d_model / h = 64
         return cls(vocab_size=vocab_size, **{**kw, **overrides})
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
         """Transformer (big), Table 3: N=6, d_model=1024, d_ff=4096, h=16, d_k=d_v=64, P_drop=0.3."""
-        kw = dict(N=6, d_model=1024, d_ff=4096, h=16, d_k=64, d_v=64, P_drop=0.3)
+        kw = dict(N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3)  # d_k = d_v = d_model / h = 64
         return cls(vocab_size=vocab_size, **{**kw, **overrides})
 
     @classmethod
@@ -123,10 +123,19 @@ class ModelConfig:
     # Serialization -------------------------------------------------------------------------
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A new config with some fields changed (configs are immutable)."""
+        """A new config with some fields changed (configs are immutable).
+
+        A field that was derived (``d_k``, ``d_v``, ``N_dec``, ``final_norm``, ``tgt_vocab_size``)
+        is derived again from the new values unless it is changed too: ``base(V).replace(h=16)``
+        has d_k = 32, as in Table 3 row (A).
+        """
+        for name, derive in _DERIVED.items():
+            if name not in changes and getattr(self, name) == derive(self):
+                changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """All fields, derived ones included (what ``config.json`` holds)."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -158,3 +167,13 @@ class ModelConfig:
             return cls.from_dict(data), metadata
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+# Fields left as None are derived from others in __post_init__.
+_DERIVED = {
+    "d_k": lambda c: c.d_model // c.h,
+    "d_v": lambda c: c.d_model // c.h,
+    "N_dec": lambda c: c.N,
+    "final_norm": lambda c: c.norm_first,
+    "tgt_vocab_size": lambda c: c.vocab_size,
+}

@@ -94,7 +94,6 @@ class LearnedPositionalEmbedding(nn.Module):
         end = offset + x.size(1)
         if end > self.weight.size(0):
             raise ValueError(
-                f"sequence reaches position {end}, but learned positional embeddings have "
-                f"max_len={self.weight.size(0)}"
+                f"sequence reaches position {end}, but learned positional embeddings have max_len={self.weight.size(0)}"
             )
         return x + self.weight[offset:end]

@@ -60,7 +60,9 @@ class EncoderLayer(nn.Module):
         self.feed_forward = _feed_forward(config)
         self.feed_forward_norm = ResidualNorm(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """x ``(B, S, d_model)``; mask ``(B, 1, 1, S)`` or ``(B, 1, S, S)``, True = may attend.
 
         Returns ``(B, S, d_model)`` and the self-attention weights ``(B, H, S, S)`` or None.
@@ -106,7 +108,9 @@ class DecoderLayer(nn.Module):
         x = self.self_attn_norm.after(x, y)
         cross_weights = None
         if self.cross_attn is not None:
-            y, cross_weights = self.cross_attn(self.cross_attn_norm.before(x), memory, memory_mask, cross_cache, need_weights)
+            y, cross_weights = self.cross_attn(
+                self.cross_attn_norm.before(x), memory, memory_mask, cross_cache, need_weights
+            )
             x = self.cross_attn_norm.after(x, y)
         x = self.feed_forward_norm.after(x, self.feed_forward(self.feed_forward_norm.before(x)))
         return x, self_weights, cross_weights

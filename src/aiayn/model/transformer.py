@@ -140,6 +140,20 @@ def _self_mask(config: ModelConfig, T: int, offset: int, causal: bool, device: t
     return mask
 
 
+def _decoder_self_mask(config: ModelConfig, tokens: Tensor, cache: KVCache | None) -> tuple[int, Tensor | None]:
+    """The position offset of ``tokens`` ``(B, T)`` and their masked self-attention mask
+    ``(B, 1, T, offset + T)``: causal (and windowed) over the cached and the new positions,
+    and no padded key."""
+    T = tokens.size(1)
+    key_mask = masks.padding_mask(tokens, config.pad_id)  # (B, 1, 1, T)
+    if cache is None:
+        return 0, _and(key_mask, _self_mask(config, T, 0, True, tokens.device))
+    offset = cache.length
+    key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, offset + T)
+    # a single new position may attend to every cached one: no causal mask needed
+    return offset, _and(key_mask, _self_mask(config, T, offset, T > 1, tokens.device))
+
+
 def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b
@@ -199,7 +213,9 @@ class Transformer(PretrainedMixin, nn.Module):
         self.dropout = nn.Dropout(config.P_drop)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, cross=True)
-        self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        self.output_projection = (
+            None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        )
         init_weights(self)
 
     def _logits(self, x: Tensor) -> Tensor:
@@ -220,7 +236,7 @@ class Transformer(PretrainedMixin, nn.Module):
         """A KV cache for incremental decoding of this source: the encoder-decoder keys and
         values of every layer are computed here, once."""
         cache = KVCache(len(self.decoder.layers), cross=True, memory_mask=memory_mask)
-        for layer, layer_cache in zip(self.decoder.layers, cache.cross_attn):
+        for layer, layer_cache in zip(self.decoder.layers, cache.cross_attn, strict=True):
             layer_cache.set(*layer.cross_attn.project_kv(memory))
         return cache
 
@@ -241,24 +257,16 @@ class Transformer(PretrainedMixin, nn.Module):
 
         Shape: logits ``(B, T, V)``.
         """
-        offset = 0
         if cache is not None:
-            offset, memory_mask = cache.length, cache.memory_mask
-            self_mask = _self_mask(self.config, tgt.size(1), offset, tgt.size(1) > 1, tgt.device)
-        else:
-            if memory is None:
-                raise ValueError("decode needs memory (from encode) or a cache (from init_cache)")
-            self_mask = _and(
-                masks.padding_mask(tgt, self.config.pad_id),
-                _self_mask(self.config, tgt.size(1), 0, True, tgt.device),
-            )  # (B, 1, T, T)
+            memory_mask = cache.memory_mask
+        elif memory is None:
+            raise ValueError("decode needs memory (from encode) or a cache (from init_cache)")
+        offset, self_mask = _decoder_self_mask(self.config, tgt, cache)
         x = self.dropout(self.tgt_positional(self.tgt_embedding(tgt), offset))  # (B, T, d_model)
         x, self_attention, cross_attention = self.decoder(x, memory, self_mask, memory_mask, cache, return_attention)
         return DecoderOutput(self._logits(x), cache, self_attention, cross_attention)
 
-    def forward(
-        self, src: Tensor, tgt: Tensor, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, Attention]:
+    def forward(self, src: Tensor, tgt: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
         """Teacher-forced logits. Shape: src ``(B, S)``, tgt ``(B, T)`` -> ``(B, T, V)``;
         with ``return_attention`` also every layer's weights (``Attention``)."""
         enc = self.encode(src, return_attention)
@@ -289,15 +297,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
     def decode(self, tokens: Tensor, cache: KVCache | None = None, return_attention: bool = False) -> DecoderOutput:
         """Next-token logits. Without a cache, ``tokens`` ``(B, T)`` is the whole sequence
         (causal and padding masks); with one, only the new tokens. Shape: logits ``(B, T, V)``."""
-        T = tokens.size(1)
-        if cache is not None:
-            offset = cache.length
-            self_mask = _self_mask(self.config, T, offset, T > 1, tokens.device)
-        else:
-            offset = 0
-            self_mask = _and(
-                masks.padding_mask(tokens, self.config.pad_id), _self_mask(self.config, T, 0, True, tokens.device)
-            )
+        offset, self_mask = _decoder_self_mask(self.config, tokens, cache)
         x = self.dropout(self.positional(self.embedding(tokens), offset))  # (B, T, d_model)
         x, self_attention, _ = self.decoder(x, self_mask=self_mask, cache=cache, return_attention=return_attention)
         logits = self.embedding.project(x) if self.output_projection is None else self.output_projection(x)

@@ -1,0 +1,81 @@
+"""Shared helpers for the benchmarks: the machine's fp32 matmul peak and timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def matmul_peak(device: str = "cpu", sizes: tuple[int, ...] = (1024, 2048, 3072), seconds: float = 1.5) -> float:
+    """The best fp32 matmul rate (FLOP/s) of this machine over a few square sizes: the
+    physical limit every other number is stated against."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        a @ b  # warm up
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / len(sizes):
+            a @ b
+            reps += 1
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best
+
+
+def time_call(fn: Callable[[], None], device: str = "cpu") -> float:
+    if device != "cpu":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def write_result(name: str, result: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A Markdown table of ``rows`` with ``columns`` = [(key, header)]."""
+    cells = [[h for _, h in columns]] + [[str(r.get(k, "")) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)

@@ -1,0 +1,27 @@
+"""The learning-rate schedule of §5.3."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["paper_lr", "inverse_sqrt_schedule"]
+
+
+def paper_lr(step: int, d_model: int, warmup: int = 4000, scale: float = 1.0) -> float:
+    """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)  (§5.3, eq. 3).
+
+    Rises linearly for the first ``warmup`` steps, then decays with the inverse square root of
+    the step number. ``step`` counts from 1; step 0 gives 0.
+    """
+    if step <= 0:
+        return 0.0
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt_schedule(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup: int = 4000, scale: float = 1.0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` applying ``paper_lr``; set the optimizer's ``lr`` to 1.0. The scheduler's
+    step count (starting at 0) is the number of optimizer steps taken, so step k uses
+    ``paper_lr(k + 1)``."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: paper_lr(i + 1, d_model, warmup, scale))

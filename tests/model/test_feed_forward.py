@@ -1,0 +1,50 @@
+"""Position-wise feed-forward network (§3.3, eq. 2) against the formula written out."""
+
+import math
+
+import torch
+
+from aiayn.model.feed_forward import PositionwiseFeedForward
+
+
+def seeded_ffn(activation: str) -> PositionwiseFeedForward:
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(d_model=6, d_ff=10, activation=activation)
+    with torch.no_grad():
+        ffn.linear1.bias.normal_()  # so that some pre-activations are negative, some positive
+        ffn.linear2.bias.normal_()
+    return ffn
+
+
+def test_relu_ffn_equals_max_0_xW1_b1_W2_b2():
+    ffn = seeded_ffn("relu")
+    x = torch.randn(2, 5, 6)
+    W1, b1 = ffn.linear1.weight.T, ffn.linear1.bias  # (d_model, d_ff)
+    W2, b2 = ffn.linear2.weight.T, ffn.linear2.bias  # (d_ff, d_model)
+    hidden = x @ W1 + b1
+    assert (hidden < 0).any() and (hidden > 0).any()
+    expected = torch.maximum(torch.zeros(()), hidden) @ W2 + b2
+    torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=0)
+
+
+def test_ffn_acts_on_each_position_alone():
+    ffn = seeded_ffn("relu")
+    x = torch.randn(1, 4, 6)
+    whole = ffn(x)
+    for t in range(4):
+        torch.testing.assert_close(ffn(x[:, t : t + 1]), whole[:, t : t + 1], atol=1e-6, rtol=0)
+
+
+def test_gelu_ffn_uses_the_erf_gelu():
+    ffn = seeded_ffn("gelu")
+    x = torch.randn(3, 4, 6)
+    hidden = x @ ffn.linear1.weight.T + ffn.linear1.bias
+    gelu = hidden.clone()
+    for idx in range(hidden.numel()):
+        v = hidden.view(-1)[idx].item()
+        gelu.view(-1)[idx] = 0.5 * v * (1 + math.erf(v / math.sqrt(2)))
+    expected = gelu @ ffn.linear2.weight.T + ffn.linear2.bias
+    torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=0)
+    # and not the ReLU network with the same weights
+    relu = torch.relu(hidden) @ ffn.linear2.weight.T + ffn.linear2.bias
+    assert not torch.allclose(ffn(x), relu, atol=1e-3)
