@@ -28,8 +28,8 @@ class CopyTask:
 
     vocab_size: int = 16
     length: int = 10
-    steps: int = 800
-    batch_size: int = 64
+    steps: int = 700
+    batch_size: int = 128
     warmup: int = 100
     lr_scale: float = 0.5
     seed: int = 0
