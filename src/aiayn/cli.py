@@ -11,7 +11,10 @@ __all__ = ["main"]
 
 
 def _copy_task(args: argparse.Namespace) -> int:
-    from .tasks import CopyTask, copy_task_accuracy, train_copy_task
+    import torch
+
+    from .decode import greedy_decode
+    from .tasks import CopyTask, copy_task_accuracy, copy_task_batch, train_copy_task
 
     task = CopyTask(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
     print(f"copy task: {dataclasses.asdict(task)}")
@@ -24,6 +27,10 @@ def _copy_task(args: argparse.Namespace) -> int:
         f"final loss {losses[-1]:.3f}"
     )
     print(f"greedy exact match on 256 new sequences: {accuracy:.1%}")
+    src, _ = copy_task_batch(3, task.length, task.vocab_size, torch.Generator().manual_seed(args.seed + 1))
+    for source, output in zip(src.tolist(), greedy_decode(model, src, max_len=task.length + 1).tolist(), strict=True):
+        output = output[: output.index(2) + 1] if 2 in output else output  # up to and with EOS (id 2)
+        print(f"  {' '.join(map(str, (x for x in source if x)))}  ->  {' '.join(map(str, output))}")
     if args.out:
         model.save_pretrained(args.out)
         print(f"saved to {args.out}")

@@ -67,33 +67,24 @@ def _check_layer(layer: nn.Module, config: ModelConfig, name: str) -> None:
         raise ValueError(f"{name}: activation {layer.activation} in torch, {config.activation!r} in aiayn")
 
 
-def _encoder(dst: Encoder, src: nn.TransformerEncoder, config: ModelConfig, name: str) -> None:
+def _stack(
+    dst: Encoder | Decoder, src: nn.TransformerEncoder | nn.TransformerDecoder, config: ModelConfig, name: str
+) -> None:
+    """Copy every layer of a torch encoder or decoder stack, then its final norm."""
     if len(dst.layers) != len(src.layers):
         raise ValueError(f"{name}: {len(src.layers)} layers in torch, {len(dst.layers)} in aiayn")
     for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers, strict=True)):
         prefix = f"{name}.layers.{i}"
         _check_layer(theirs, config, prefix)
         _attention(ours.self_attn, theirs.self_attn, f"{prefix}.self_attn")
+        norms = [ours.self_attn_norm, ours.feed_forward_norm]  # torch: norm1, norm2 (encoder)
+        if isinstance(theirs, nn.TransformerDecoderLayer):
+            _attention(ours.cross_attn, theirs.multihead_attn, f"{prefix}.multihead_attn")
+            norms.insert(1, ours.cross_attn_norm)  # torch: norm1, norm2, norm3 (decoder)
         _linear(ours.feed_forward.linear1, theirs.linear1, f"{prefix}.linear1")
         _linear(ours.feed_forward.linear2, theirs.linear2, f"{prefix}.linear2")
-        _norm(ours.self_attn_norm, theirs.norm1, f"{prefix}.norm1")
-        _norm(ours.feed_forward_norm, theirs.norm2, f"{prefix}.norm2")
-    _norm(dst.norm, src.norm, f"{name}.norm")
-
-
-def _decoder(dst: Decoder, src: nn.TransformerDecoder, config: ModelConfig, name: str) -> None:
-    if len(dst.layers) != len(src.layers):
-        raise ValueError(f"{name}: {len(src.layers)} layers in torch, {len(dst.layers)} in aiayn")
-    for i, (ours, theirs) in enumerate(zip(dst.layers, src.layers, strict=True)):
-        prefix = f"{name}.layers.{i}"
-        _check_layer(theirs, config, prefix)
-        _attention(ours.self_attn, theirs.self_attn, f"{prefix}.self_attn")
-        _attention(ours.cross_attn, theirs.multihead_attn, f"{prefix}.multihead_attn")
-        _linear(ours.feed_forward.linear1, theirs.linear1, f"{prefix}.linear1")
-        _linear(ours.feed_forward.linear2, theirs.linear2, f"{prefix}.linear2")
-        _norm(ours.self_attn_norm, theirs.norm1, f"{prefix}.norm1")
-        _norm(ours.cross_attn_norm, theirs.norm2, f"{prefix}.norm2")
-        _norm(ours.feed_forward_norm, theirs.norm3, f"{prefix}.norm3")
+        for j, norm in enumerate(norms, start=1):
+            _norm(norm, getattr(theirs, f"norm{j}"), f"{prefix}.norm{j}")
     _norm(dst.norm, src.norm, f"{name}.norm")
 
 
@@ -108,9 +99,9 @@ def load_torch_transformer(model: Transformer | EncoderOnly, module: nn.Transfor
     if isinstance(model, EncoderOnly):
         if not isinstance(module, nn.TransformerEncoder):
             raise TypeError("an EncoderOnly model loads from a torch.nn.TransformerEncoder")
-        _encoder(model.encoder, module, config, "encoder")
+        _stack(model.encoder, module, config, "encoder")
         return
     if not isinstance(module, nn.Transformer):
         raise TypeError("a Transformer loads from a torch.nn.Transformer")
-    _encoder(model.encoder, module.encoder, config, "encoder")
-    _decoder(model.decoder, module.decoder, config, "decoder")
+    _stack(model.encoder, module.encoder, config, "encoder")
+    _stack(model.decoder, module.decoder, config, "decoder")

@@ -161,3 +161,15 @@ def test_decoder_only_cache_respects_left_padding():
         full = model(seq)
         cached = step_by_step(model, seq, model.init_cache(), prefix=4)
     torch.testing.assert_close(cached[real], full[real], atol=ATOL, rtol=0)
+
+
+def test_cache_not_made_by_init_cache_keeps_the_memory_mask():
+    """A bare KVCache fed memory and its padding mask at every step equals teacher forcing."""
+    model = build(Transformer, {})
+    src, tgt = padded_source(), tokens(3, 12, seed=4)
+    with torch.no_grad():
+        full = model(src, tgt)
+        enc = model.encode(src)
+        cache = KVCache(len(model.decoder.layers), cross=True)
+        steps = [model.decode(tgt[:, t : t + 1], enc.memory, enc.mask, cache=cache).logits for t in range(12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)

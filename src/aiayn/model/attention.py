@@ -115,8 +115,9 @@ class AttentionCache:
     def reorder(self, indices: Tensor) -> None:
         """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
         if self._k is not None:
-            self._k = self._k[:, :, : self.length].index_select(0, indices)
-            self._v = self._v[:, :, : self.length].index_select(0, indices)
+            # the whole buffer, spare capacity included, so the next append need not regrow it
+            self._k = self._k.index_select(0, indices)
+            self._v = self._v.index_select(0, indices)
 
 
 class KVCache:

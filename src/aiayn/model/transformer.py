@@ -258,6 +258,8 @@ class Transformer(PretrainedMixin, nn.Module):
         Shape: logits ``(B, T, V)``.
         """
         if cache is not None:
+            if cache.memory_mask is None:  # a cache not made by init_cache: keep the mask with it
+                cache.memory_mask = memory_mask
             memory_mask = cache.memory_mask
         elif memory is None:
             raise ValueError("decode needs memory (from encode) or a cache (from init_cache)")
