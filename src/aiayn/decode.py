@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .model import Transformer
 
-__all__ = ["greedy_decode"]
+__all__ = ["greedy_decode", "translate_ids"]
 
 
 @torch.no_grad()
@@ -46,3 +46,34 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None) -
         if finished.all():
             break
     return torch.stack(out, dim=1) if out else src.new_empty(B, 0)
+
+
+@torch.no_grad()
+def translate_ids(
+    model: Transformer, sources: list[list[int]], max_tokens: int = 4096, max_len_a: int = 50
+) -> list[list[int]]:
+    """Greedy-decode many sources (token ids without EOS), batched by length; results in input order.
+
+    Each batch holds at most ``max_tokens`` source positions; outputs are cut at EOS (exclusive).
+    """
+    config = model.config
+    device = next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    start = 0
+    while start < len(order):
+        longest = len(sources[order[start]]) + 1
+        end = start + 1
+        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) <= max_tokens:
+            end += 1
+        batch = order[start:end]
+        longest = max(len(sources[i]) for i in batch) + 1
+        src = torch.full((len(batch), longest), config.pad_id, dtype=torch.long)
+        for row, i in enumerate(batch):
+            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], config.eos_id])
+        out = greedy_decode(model, src.to(device), max_len=longest + max_len_a).tolist()
+        for row, i in enumerate(batch):
+            ids = out[row]
+            results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
+        start = end
+    return results

@@ -247,15 +247,17 @@ class Transformer(PretrainedMixin, nn.Module):
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
         return_attention: bool = False,
+        select: Tensor | None = None,
     ) -> DecoderOutput:
         """Run the decoder and the output projection.
 
         Without a cache: ``tgt`` ``(B, T)`` is the whole (shifted) target, masked causally and
         by padding. With a cache from ``init_cache``: ``tgt`` holds only the new tokens
         ``(B, T_new)``; ``memory`` and ``memory_mask`` come from the cache; the cache is
-        updated and returned.
+        updated and returned. ``select`` ``(B, T)`` (boolean) computes the logits only at the
+        selected positions (e.g. the non-pad targets in training), as ``(N, V)``.
 
-        Shape: logits ``(B, T, V)``.
+        Shape: logits ``(B, T, V)``, or ``(N, V)`` with ``select``.
         """
         if cache is not None:
             if cache.memory_mask is None:  # a cache not made by init_cache: keep the mask with it
@@ -266,13 +268,18 @@ class Transformer(PretrainedMixin, nn.Module):
         offset, self_mask = _decoder_self_mask(self.config, tgt, cache)
         x = self.dropout(self.tgt_positional(self.tgt_embedding(tgt), offset))  # (B, T, d_model)
         x, self_attention, cross_attention = self.decoder(x, memory, self_mask, memory_mask, cache, return_attention)
+        if select is not None:
+            x = x[select]  # (N, d_model): the output projection is the costliest matmul; skip padding
         return DecoderOutput(self._logits(x), cache, self_attention, cross_attention)
 
-    def forward(self, src: Tensor, tgt: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
-        """Teacher-forced logits. Shape: src ``(B, S)``, tgt ``(B, T)`` -> ``(B, T, V)``;
-        with ``return_attention`` also every layer's weights (``Attention``)."""
+    def forward(
+        self, src: Tensor, tgt: Tensor, return_attention: bool = False, select: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Attention]:
+        """Teacher-forced logits. Shape: src ``(B, S)``, tgt ``(B, T)`` -> ``(B, T, V)``, or
+        ``(N, V)`` at the positions where ``select`` ``(B, T)`` is True; with
+        ``return_attention`` also every layer's weights (``Attention``)."""
         enc = self.encode(src, return_attention)
-        dec = self.decode(tgt, enc.memory, enc.mask, return_attention=return_attention)
+        dec = self.decode(tgt, enc.memory, enc.mask, return_attention=return_attention, select=select)
         if return_attention:
             return dec.logits, Attention(enc.attention, dec.self_attention, dec.cross_attention)
         return dec.logits

@@ -1,0 +1,132 @@
+"""Training checkpoints: a model directory plus everything needed for an exact resume.
+
+Layout of ``RUN/checkpoints/step_00001000/``:
+- ``config.json``, ``model.safetensors``, ``tokenizer.json``: what ``from_pretrained`` loads;
+- ``optimizer.safetensors``: Adam's moments and step counts (tensors) and, in its metadata, the
+  parameter groups as JSON;
+- ``rng.safetensors``: the torch RNG states (dropout);
+- ``trainer_state.json``: step, epoch, position in the epoch's batches, elapsed time, the run
+  config.
+
+A checkpoint is written into a temporary directory and renamed into place, then ``latest`` is
+rewritten atomically, so a kill at any moment leaves the last good checkpoint intact. Nothing is
+unpickled on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
+from ..model.pretrained import atomic_write
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints"]
+
+STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = "optimizer.safetensors"
+RNG_NAME = "rng.safetensors"
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], str]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            tensors[f"{index}.{name}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, json.dumps(state["param_groups"])
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        groups = json.loads(f.metadata()["param_groups"])
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            index, name = key.split(".", 1)
+            state.setdefault(int(index), {})[name] = f.get_tensor(key)
+    for group in groups:
+        group["betas"] = tuple(group["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and (p / STATE_NAME).is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if pointer.is_file():
+        path = pointer.parent / pointer.read_text().strip()
+        if (path / STATE_NAME).is_file():
+            return path
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int = 5,
+) -> Path:
+    """Write checkpoint ``step_{state['step']}`` atomically; keep the newest ``keep``."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{state['step']:08d}"
+    final, tmp = root / name, root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save(tmp / TOKENIZER_NAME)
+    tensors, groups = _optimizer_tensors(optimizer)
+    safetensors.torch.save_file(tensors, str(tmp / OPTIMIZER_NAME), metadata={"param_groups": groups})
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    safetensors.torch.save_file(rng, str(tmp / RNG_NAME))
+    (tmp / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
+    for f in tmp.iterdir():  # on disk before the rename makes the checkpoint visible
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write(root / "latest", lambda path: Path(path).write_text(name + "\n"))
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    """Restore model weights, optimizer state and RNG states in place; return the trainer state."""
+    path = Path(path)
+    state_file = path / STATE_NAME
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{state_file}: no such file; {path} is not a complete checkpoint")
+    try:
+        state = json.loads(state_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{state_file}: not valid JSON: {e}") from None
+    loaded = type(model).from_pretrained(path, device=next(model.parameters()).device)
+    model.load_state_dict(loaded.state_dict())
+    if optimizer is not None:
+        _load_optimizer(optimizer, path / OPTIMIZER_NAME)
+    rng = safetensors.torch.load_file(str(path / RNG_NAME))
+    torch.set_rng_state(rng["torch"])
+    cuda = [rng[k] for k in sorted(rng) if k.startswith("cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    return state

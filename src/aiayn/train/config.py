@@ -1,0 +1,177 @@
+"""Run configuration: data, tokenizer, model and training settings, read from YAML.
+
+A run is ``RunConfig(data, model, train)``: ``model`` holds ``ModelConfig`` fields (the
+vocabulary size comes from the tokenizer). YAML presets live in ``configs/``; command-line
+overrides such as ``--train.max_steps 100`` or ``--model.d_model 256`` make a new config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..model.config import ModelConfig
+
+__all__ = ["DataConfig", "TrainConfig", "RunConfig", "parse_overrides"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text comes from.
+
+    ``format``:
+    - ``parallel``: plain-text files ``{dir}/{split}.{src_lang}`` and ``{dir}/{split}.{tgt_lang}``
+      (what ``aiayn data ding`` writes), or explicit ``train_src``/``train_tgt``/... paths;
+    - ``tsv`` / ``jsonl``: ``{dir}/{split}.tsv`` / ``{dir}/{split}.jsonl`` or explicit paths;
+    - ``hf``: a Hugging Face dataset ``hf_name`` (``hf_config``), splits by name.
+    ``phrases`` > 0 mixes in ``{dir}/phrases.{lang}`` pairs (Ding's dictionary entries), at most
+    that many per sentence pair. Pairs longer than ``max_len`` tokens are skipped and counted.
+    """
+
+    format: str = "parallel"
+    dir: str | None = None
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_src: str | None = None
+    train_tgt: str | None = None
+    dev_src: str | None = None
+    dev_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
+    hf_name: str | None = None
+    hf_config: str | None = None
+    phrases: float = 0.0
+    max_len: int = 128
+    on_error: str = "raise"
+    dev_size: int | None = None  # evaluate on the first N dev pairs (None: all)
+
+    def __post_init__(self) -> None:
+        if self.format not in ("parallel", "tsv", "jsonl", "hf"):
+            raise ValueError(f"data.format must be parallel, tsv, jsonl or hf, got {self.format!r}")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"data.on_error must be raise or skip, got {self.on_error!r}")
+        if self.phrases < 0:
+            raise ValueError("data.phrases must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The recipe of §5, with the knobs a small machine needs.
+
+    Adam β1 = 0.9, β2 = 0.98, ε = 1e-9 (§5.3); lrate = lr_scale · d_model^-0.5 ·
+    min(step^-0.5, step · warmup^-1.5); label smoothing ε_ls = 0.1 (§5.4). A step is
+    ``accumulate`` micro-batches of at most ``max_tokens`` padded positions per side (per process).
+    """
+
+    vocab_size: int = 8000
+    max_tokens: int = 4096
+    accumulate: int = 1
+    warmup: int = 4000
+    lr_scale: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    eps_ls: float = 0.1
+    clip_norm: float | None = None
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    max_time: float | None = None  # seconds of training
+    eval_every: int = 500
+    checkpoint_every: int | None = None  # steps
+    checkpoint_minutes: float | None = 10.0
+    keep_checkpoints: int = 5
+    average_last: int = 0  # average the last N checkpoints at the end (0: off)
+    bleu_beam: int = 1  # decoding for the final dev/test BLEU (1: greedy)
+    seed: int = 0
+    compile: bool = False
+    amp: bool = True  # bf16 autocast on CUDA
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_tokens", "accumulate", "warmup", "eval_every", "keep_checkpoints", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"train.{name} must be a positive integer, got {value!r}")
+        if self.max_steps is None and self.max_epochs is None and self.max_time is None:
+            raise ValueError("set at least one of train.max_steps, train.max_epochs, train.max_time")
+        object.__setattr__(self, "betas", tuple(self.betas))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: dict[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_epochs=1))
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, **self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "data": dataclasses.asdict(self.data),
+            "model": dict(self.model),
+            "train": {**dataclasses.asdict(self.train), "betas": list(self.train.betas)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
+        unknown = set(data) - {"data", "model", "train"}
+        if unknown:
+            raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; expected data, model, train")
+        try:
+            model = dict(data.get("model") or {})
+            model.pop("vocab_size", None)  # comes from the tokenizer
+            ModelConfig(vocab_size=1 << 16, **model)  # validate the fields now, not after data preparation
+            return cls(
+                data=_build(DataConfig, data.get("data") or {}, "data"),
+                model=model,
+                train=_build(TrainConfig, data.get("train") or {}, "train"),
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such config file") from None
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        for key, value in (overrides or {}).items():
+            section, _, name = key.partition(".")
+            if not name or section not in ("data", "model", "train"):
+                raise ValueError(f"override {key!r}: use SECTION.NAME with SECTION data, model or train")
+            data.setdefault(section, {})
+            data[section] = {**(data[section] or {}), name: value}
+        return cls.from_dict(data, str(path))
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{section}: unknown field(s) {', '.join(unknown)}")
+    return cls(**values)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["--train.max_steps", "100", "--model.N", "3"]`` -> ``{"train.max_steps": 100, "model.N": 3}``
+    (values are parsed as YAML scalars: numbers, booleans, null, strings)."""
+    overrides: dict[str, Any] = {}
+    it = iter(items)
+    for item in it:
+        if not item.startswith("--"):
+            raise ValueError(f"unexpected argument {item!r}; overrides look like --train.max_steps 100")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            try:
+                value = next(it)
+            except StopIteration:
+                raise ValueError(f"override {item} needs a value") from None
+        overrides[key.replace("-", "_")] = yaml.safe_load(value)
+    return overrides

@@ -1,0 +1,67 @@
+"""Reading the parallel text of a run's splits, as ``DataConfig`` describes it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from ..data.corpus import load_hf_dataset, read_jsonl, read_parallel, read_tsv
+from .config import DataConfig
+
+__all__ = ["load_split"]
+
+
+def _path(data: DataConfig, split: str, side: str, suffix: str) -> Path | None:
+    explicit = getattr(data, f"{split}_{side}", None) if split in ("train", "dev", "test") else None
+    if explicit:
+        return Path(explicit)
+    if data.dir is None:
+        return None
+    return Path(data.dir) / f"{split}.{suffix}"
+
+
+def load_split(
+    data: DataConfig, split: str, log: Callable[[str], None] = print, seed: int = 0, required: bool = True
+) -> list[tuple[str, str]]:
+    """The (source, target) pairs of ``split`` (train, dev or test). For train, Ding's phrase and
+    word pairs are mixed in when ``data.phrases`` > 0: at most ``phrases`` of them per sentence
+    pair, drawn once with ``seed``. Every skipped line is counted in the printed report."""
+    if data.format == "hf":
+        hf_split = {"dev": "validation"}.get(split, split)
+        pairs, report = load_hf_dataset(
+            data.hf_name, data.src_lang, data.tgt_lang, split=hf_split, config=data.hf_config
+        )
+    else:
+        if data.format == "parallel":
+            src, tgt = _path(data, split, "src", data.src_lang), _path(data, split, "tgt", data.tgt_lang)
+            exists = src is not None and tgt is not None and src.is_file() and tgt.is_file()
+        else:
+            src = _path(data, split, "src", data.format)
+            exists = src is not None and src.is_file()
+        if not exists:
+            if required:
+                raise FileNotFoundError(
+                    f"no {split} data: set data.dir (files {split}.{data.src_lang} and {split}.{data.tgt_lang}) "
+                    f"or data.{split}_src / data.{split}_tgt; looked for {src}"
+                )
+            return []
+        if data.format == "parallel":
+            pairs, report = read_parallel(src, tgt, on_error=data.on_error)
+        elif data.format == "tsv":
+            pairs, report = read_tsv(src, on_error=data.on_error)
+        else:
+            pairs, report = read_jsonl(src, data.src_lang, data.tgt_lang, on_error=data.on_error)
+    log(f"{split}: {report.summary()}")
+    if split == "train" and data.phrases > 0 and data.dir is not None:
+        phrase_src = Path(data.dir) / f"phrases.{data.src_lang}"
+        phrase_tgt = Path(data.dir) / f"phrases.{data.tgt_lang}"
+        if phrase_src.is_file() and phrase_tgt.is_file():
+            phrases, phrase_report = read_parallel(phrase_src, phrase_tgt, on_error=data.on_error)
+            n = min(len(phrases), int(data.phrases * len(pairs)))
+            chosen = random.Random(seed).sample(phrases, n)
+            log(f"phrases: {phrase_report.summary()}; mixing in {n:,} ({data.phrases:g} per sentence pair)")
+            pairs = pairs + chosen
+        else:
+            log(f"phrases: none found at {phrase_src}; training on sentences only")
+    return pairs

@@ -1,0 +1,329 @@
+"""The training loop (§5): token batches, Adam with warmup and inverse-square-root decay,
+label smoothing, dropout; gradient accumulation, checkpoints with exact resume, validation,
+and DistributedDataParallel under torchrun.
+
+One step = ``accumulate`` micro-batches on each of ``world`` processes. The loss of a step is
+the sum of label-smoothed token losses divided by the number of target tokens in the whole step
+(all micro-batches, all processes), so one process with accumulation and several processes
+with DDP take the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data.batching import Batch, TokenBatcher, collate, padding_fraction
+from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
+from ..decode import translate_ids
+from ..evaluate import Scores, score_translations
+from ..model import Transformer
+from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .config import RunConfig
+from .data import load_split
+from .distributed import all_reduce_sum, setup_distributed
+from .loss import label_smoothed_loss
+from .schedule import paper_lr
+
+__all__ = ["TrainResult", "train", "evaluate_loss"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    epoch: int
+    train_loss: float | None
+    dev_loss: float | None
+    dev_ppl: float | None
+    dev_scores: Scores | None
+    model_dir: Path
+    seconds: float
+
+
+class _Metrics:
+    """metrics.jsonl: one JSON object per line (train steps, validations, final scores)."""
+
+    def __init__(self, path: Path, enabled: bool, keep_until_step: int | None) -> None:
+        self.path, self.enabled = path, enabled
+        if enabled and keep_until_step is not None and path.exists():
+            # resuming: drop what a killed run logged after its last checkpoint
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            kept = [line for line in lines if json.loads(line).get("step", 0) <= keep_until_step]
+            path.write_text("".join(line + "\n" for line in kept))
+        elif enabled and keep_until_step is None:
+            path.write_text("")
+        self.writer = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(path.parent / "tensorboard"))
+            except ImportError:
+                pass
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "kind") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record.get("step", 0))
+
+
+def _positions(batcher: TokenBatcher, epoch: int, index: int) -> Iterator[tuple[int, int, list[int]]]:
+    """(epoch, index, batch) from a position on, across epochs."""
+    while True:
+        batches = batcher.epoch(epoch)
+        while index < len(batches):
+            yield epoch, index, batches[index]
+            index += 1
+        epoch, index = epoch + 1, 0
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: Transformer, examples: list[tuple[list[int], list[int]]], max_tokens: int, device: torch.device
+) -> tuple[float, float]:
+    """Label-smoothing-free per-token NLL and perplexity of ``examples``."""
+    model.eval()
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in examples]
+    batcher = TokenBatcher(lengths, max_tokens, shuffle=False)
+    nll_sum, tokens = 0.0, 0
+    cfg = model.config
+    for indices in batcher.epoch(0):
+        batch = collate([examples[i] for i in indices], cfg.pad_id, cfg.bos_id, cfg.eos_id).to(device)
+        select = batch.tgt_out != cfg.pad_id
+        logits = model(batch.src, batch.tgt_in, select=select)
+        _, nll = label_smoothed_loss(logits, batch.tgt_out[select], 0.0)
+        nll_sum += nll.item()
+        tokens += int(select.sum())
+    model.train()
+    nll = nll_sum / max(tokens, 1)
+    return nll, math.exp(min(nll, 50))
+
+
+def _encode(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_len: int
+) -> tuple[list[tuple[list[int], list[int]]], int]:
+    src = tokenizer.encode_batch([s for s, _ in pairs])
+    tgt = tokenizer.encode_batch([t for _, t in pairs])
+    kept = [(s, t) for s, t in zip(src, tgt, strict=True) if 0 < len(s) < max_len and 0 < len(t) < max_len]
+    return kept, len(pairs) - len(kept)
+
+
+def train(
+    run: RunConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    log: Log = print,
+    device: str | None = None,
+) -> TrainResult:
+    """Train a ``Transformer`` as ``run`` says, writing checkpoints, ``metrics.jsonl`` and the
+    final model (``out_dir/model``) into ``out_dir``. With ``resume``, continue from the latest
+    checkpoint exactly where it stopped."""
+    t0 = time.perf_counter()
+    d = setup_distributed(device)
+    out = Path(out_dir)
+    say = log if d.main else (lambda _: None)
+    cfg = run.train
+    checkpoint = latest_checkpoint(out) if resume else None
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"{out}: no checkpoint to resume from")
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
+
+    # Data and tokenizer -----------------------------------------------------------------------
+    train_pairs = load_split(run.data, "train", say, seed=cfg.seed)
+    dev_pairs = load_split(run.data, "dev", say, seed=cfg.seed, required=False)
+    if checkpoint is not None:
+        tokenizer = Tokenizer.load(checkpoint / TOKENIZER_NAME)
+    elif (out / TOKENIZER_NAME).is_file() and resume:
+        tokenizer = Tokenizer.load(out / TOKENIZER_NAME)
+    else:
+        say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(train_pairs):,} pairs ...")
+        tokenizer = Tokenizer.train((text for pair in train_pairs for text in pair), cfg.vocab_size)
+        if d.main:
+            tokenizer.save(out / TOKENIZER_NAME)
+    train_examples, too_long = _encode(tokenizer, train_pairs, run.data.max_len)
+    say(f"train: {len(train_examples):,} pairs; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
+    dev_examples, dev_too_long = _encode(tokenizer, dev_pairs, run.data.max_len)
+    if dev_pairs:
+        say(f"dev: {len(dev_examples):,} pairs; skipped {dev_too_long:,} empty or too long")
+
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in train_examples]
+    batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    say(
+        f"batches: {len(batcher):,} per epoch of <= {cfg.max_tokens} positions per side; "
+        f"padding {padding_fraction(lengths, batcher.batches):.1%}; step = {cfg.accumulate} x {d.world} batches"
+    )
+
+    # Model and optimizer ----------------------------------------------------------------------
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    model_config = run.model_config(tokenizer.vocab_size)
+    model = Transformer(model_config).to(d.device)
+    if d.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    fused = d.device.type == "cuda"
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=paper_lr(1, model_config.d_model, cfg.warmup, cfg.lr_scale),
+        betas=cfg.betas, eps=cfg.adam_eps, fused=fused,
+    )  # fmt: skip
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "index": 0, "elapsed": 0.0}
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, optimizer)
+        say(f"resumed from {checkpoint} (step {state['step']}, epoch {state['epoch']}, batch {state['index']})")
+    say(f"model: {model.num_parameters():,} parameters; {model_config}")
+    ddp = model
+    if d.world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[d.device] if d.device.type == "cuda" else None
+        )
+    forward = torch.compile(ddp, dynamic=True) if cfg.compile else ddp
+    amp = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if cfg.amp and d.device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    metrics = _Metrics(out / "metrics.jsonl", d.main, state["step"] if checkpoint is not None else None)
+
+    # Loop ------------------------------------------------------------------------------------
+    per_step = cfg.accumulate * d.world
+    stream = _positions(batcher, state["epoch"], state["index"])
+    step, elapsed_before = state["step"], state["elapsed"]
+    start = time.perf_counter()
+    last_checkpoint_time = start
+    train_loss = dev_loss = dev_ppl = None
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not (progress and d.main), desc="train", unit="step")
+    model.train()
+
+    def stop_reason() -> str | None:
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.max_epochs is not None and state["epoch"] >= cfg.max_epochs:
+            return "max_epochs"
+        if cfg.max_time is not None and elapsed_before + time.perf_counter() - start >= cfg.max_time:
+            return "max_time"
+        return None
+
+    def checkpoint_now() -> Path:
+        state["elapsed"] = elapsed_before + time.perf_counter() - start
+        return save_checkpoint(out, model, tokenizer, optimizer, dict(state, run=run.to_dict()), cfg.keep_checkpoints)
+
+    while (reason := stop_reason()) is None:
+        step_start = time.perf_counter()
+        group = [next(stream) for _ in range(per_step)]
+        epoch, index, _ = group[-1]
+        state["epoch"], state["index"] = epoch, index + 1  # where the next step starts
+        mine = [
+            collate([train_examples[i] for i in indices], model_config.pad_id, model_config.bos_id, model_config.eos_id)
+            for _, _, indices in group[d.rank :: d.world]
+        ]
+        tokens = all_reduce_sum(torch.tensor(float(sum(b.num_tokens for b in mine))), d).item()
+        src_tokens = all_reduce_sum(torch.tensor(float(sum(b.num_src_tokens for b in mine))), d).item()
+        lr = paper_lr(step + 1, model_config.d_model, cfg.warmup, cfg.lr_scale)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum = torch.zeros((), device=d.device)
+        for i, batch in enumerate(mine):
+            batch = batch.to(d.device)
+            last = i == len(mine) - 1
+            sync = contextlib.nullcontext() if last or d.world == 1 else ddp.no_sync()
+            with sync:
+                loss = _micro_step(forward, batch, cfg.eps_ls, amp)
+                (loss * (d.world / tokens)).backward()  # DDP averages over processes
+            loss_sum += loss.detach()
+        if cfg.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        state["step"] = step
+        if state["index"] >= len(batcher):
+            state["epoch"], state["index"] = epoch + 1, 0
+        train_loss = all_reduce_sum(loss_sum, d).item() / tokens
+        seconds = time.perf_counter() - step_start
+        if step % cfg.log_every == 0:
+            metrics.log(
+                {
+                    "kind": "train", "step": step, "epoch": epoch, "loss": round(train_loss, 6), "lr": lr,
+                    "tokens": int(tokens + src_tokens), "tokens_per_s": round((tokens + src_tokens) / seconds, 1),
+                    "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
+                }
+            )  # fmt: skip
+        bar.update(1)
+        bar.set_postfix(
+            loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{(tokens + src_tokens) / seconds:,.0f}", epoch=epoch
+        )
+        if dev_examples and step % cfg.eval_every == 0:
+            dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device)
+            metrics.log({"kind": "dev", "step": step, "loss": round(dev_loss, 6), "ppl": round(dev_ppl, 3)})
+            bar.write(f"step {step}: dev loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}") if d.main else None
+        now = time.perf_counter()
+        due = (cfg.checkpoint_every is not None and step % cfg.checkpoint_every == 0) or (
+            cfg.checkpoint_minutes is not None and now - last_checkpoint_time >= 60 * cfg.checkpoint_minutes
+        )
+        if due and d.main:
+            checkpoint_now()
+            last_checkpoint_time = time.perf_counter()
+    bar.close()
+    say(f"stopped at step {step} ({reason}); {time.perf_counter() - start:.0f} s of training this run")
+
+    # Final checkpoint, averaging, evaluation -------------------------------------------------------
+    if not d.main:
+        return TrainResult(step, state["epoch"], train_loss, dev_loss, dev_ppl, None, out / "model", 0.0)
+    final = checkpoint_now()
+    if cfg.average_last > 1:
+        from ..average import average_checkpoints
+
+        paths = list_checkpoints(out)[-cfg.average_last :]
+        say(f"averaging the last {len(paths)} checkpoints")
+        model.load_state_dict(average_checkpoints(paths).state_dict())
+    model_dir = out / "model"
+    model.save_pretrained(model_dir, step=step)
+    tokenizer.save(model_dir / TOKENIZER_NAME)
+    dev_scores = None
+    if dev_examples:
+        dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device)
+        sources = [s for s, _ in dev_pairs][: run.data.dev_size]
+        references = [t for _, t in dev_pairs][: run.data.dev_size]
+        model.eval()
+        hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
+        dev_scores = score_translations(hypotheses, references)
+        metrics.log(
+            {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl,
+             "dev_bleu": dev_scores.bleu, "dev_chrf": dev_scores.chrf}
+        )  # fmt: skip
+        say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}, {dev_scores}")
+    say(f"model saved to {model_dir} (last checkpoint {final})")
+    return TrainResult(
+        step, state["epoch"], train_loss, dev_loss, dev_ppl, dev_scores, model_dir, time.perf_counter() - t0
+    )
+
+
+def _micro_step(
+    model: torch.nn.Module, batch: Batch, eps_ls: float, amp: contextlib.AbstractContextManager
+) -> torch.Tensor:
+    """Summed label-smoothed loss of one micro-batch, logits only at non-pad target positions."""
+    select = batch.tgt_out != batch.pad_id  # (B, T)
+    with amp:
+        logits = model(batch.src, batch.tgt_in, select=select)  # (N, V)
+    loss, _ = label_smoothed_loss(logits, batch.tgt_out[select], eps_ls)
+    return loss
