@@ -1,0 +1,18 @@
+"""Corpora: the Ding German–English dictionary and readers for users' own parallel data."""
+
+from .corpus import CorpusError, ReadReport, load_hf_dataset, read_jsonl, read_parallel, read_tsv
+from .ding import DingCorpus, find_ding, parse_ding, prepare_ding, split_ding
+
+__all__ = [
+    "DingCorpus",
+    "find_ding",
+    "parse_ding",
+    "split_ding",
+    "prepare_ding",
+    "CorpusError",
+    "ReadReport",
+    "read_parallel",
+    "read_tsv",
+    "read_jsonl",
+    "load_hf_dataset",
+]

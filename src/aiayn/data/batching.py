@@ -1,0 +1,115 @@
+"""Token-based batching (§5.1): "sentence pairs were batched together by approximate sequence
+length. Each training batch contained a set of sentence pairs containing approximately 25000
+source tokens and 25000 target tokens."
+
+Examples are sorted by length once (the longer side first; ties broken by a seeded shuffle) and cut into batches whose
+padded size, ``sentences × longest sentence``, stays within ``max_tokens`` on each side; each
+epoch visits the batches in a new seeded order. Everything is a function of the seed and the
+epoch number, so a run can resume at any batch.
+
+Legend: B sentences in a batch, S source length, T target length (with BOS or EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Batch", "TokenBatcher", "collate", "padding_fraction"]
+
+
+@dataclass
+class Batch:
+    """A padded batch: ``src`` ``(B, S)`` ending in EOS, ``tgt_in`` ``(B, T)`` = BOS + target,
+    ``tgt_out`` ``(B, T)`` = target + EOS, all padded with ``pad_id`` on the right."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    pad_id: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Target tokens that are predicted (the loss normaliser)."""
+        return int((self.tgt_out != self.pad_id).sum())
+
+    @property
+    def num_src_tokens(self) -> int:
+        return int((self.src != self.pad_id).sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.pad_id)
+
+
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, bos_id: int, eos_id: int) -> Batch:
+    """Pad a list of (source ids, target ids) pairs, without specials, into a ``Batch``."""
+    B = len(pairs)
+    S = max(len(s) for s, _ in pairs) + 1
+    T = max(len(t) for _, t in pairs) + 1
+    src = torch.full((B, S), pad_id, dtype=torch.long)
+    tgt_in = torch.full((B, T), pad_id, dtype=torch.long)
+    tgt_out = torch.full((B, T), pad_id, dtype=torch.long)
+    for b, (s, t) in enumerate(pairs):
+        src[b, : len(s) + 1] = torch.tensor([*s, eos_id])
+        tgt_in[b, : len(t) + 1] = torch.tensor([bos_id, *t])
+        tgt_out[b, : len(t) + 1] = torch.tensor([*t, eos_id])
+    return Batch(src, tgt_in, tgt_out, pad_id)
+
+
+class TokenBatcher:
+    """Length-sorted batches of at most ``max_tokens`` padded positions per side.
+
+    Args:
+        lengths: per example, (source length, target length) including EOS/BOS.
+        max_tokens: the most ``sentences × longest`` positions per batch, on each side.
+        seed: fixes the tie-breaking of the sort and every epoch's batch order.
+        shuffle: shuffle the batch order each epoch (off for evaluation).
+    """
+
+    def __init__(self, lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int = 0, shuffle: bool = True):
+        if not lengths:
+            raise ValueError("no examples to batch")
+        too_long = [i for i, (s, t) in enumerate(lengths) if max(s, t) > max_tokens]
+        if too_long:
+            raise ValueError(f"{len(too_long)} examples are longer than max_tokens={max_tokens} on their own")
+        self.seed, self.shuffle = seed, shuffle
+        tie_break = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
+        # the longer side sets a batch's size, so sort by it first (measured on Ding: 8% padding at
+        # 4,096 tokens, against 14% when sorting by source length)
+        order = sorted(range(len(lengths)), key=lambda i: (max(lengths[i]), *lengths[i], tie_break[i]))
+        self.batches: list[list[int]] = []
+        batch: list[int] = []
+        longest_src = longest_tgt = 0
+        for i in order:
+            s, t = lengths[i]
+            new_src, new_tgt = max(longest_src, s), max(longest_tgt, t)
+            if batch and (len(batch) + 1) * max(new_src, new_tgt) > max_tokens:
+                self.batches.append(batch)
+                batch, new_src, new_tgt = [], s, t
+            batch.append(i)
+            longest_src, longest_tgt = new_src, new_tgt
+        self.batches.append(batch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        """The batches (lists of example indices) of ``epoch``, in that epoch's order."""
+        if not self.shuffle:
+            return self.batches
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return [self.batches[i] for i in torch.randperm(len(self.batches), generator=generator).tolist()]
+
+
+def padding_fraction(lengths: Sequence[tuple[int, int]], batches: Sequence[Sequence[int]]) -> float:
+    """Padding positions over all positions, source and target together."""
+    real = padded = 0
+    for batch in batches:
+        src = [lengths[i][0] for i in batch]
+        tgt = [lengths[i][1] for i in batch]
+        real += sum(src) + sum(tgt)
+        padded += len(batch) * (max(src) + max(tgt))
+    return 1 - real / padded

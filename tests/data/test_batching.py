@@ -1,0 +1,77 @@
+"""Token-based batching (§5.1): length-sorted, bounded, every example once, deterministic."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.data.batching import TokenBatcher, collate, padding_fraction
+
+
+def random_lengths(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(2, 40, (n,), generator=g)
+    tgt = (src + torch.randint(-3, 4, (n,), generator=g)).clamp(min=2)
+    return list(zip(src.tolist(), tgt.tolist(), strict=True))
+
+
+def test_every_example_once_per_epoch_within_max_tokens():
+    lengths = random_lengths(2000)
+    batcher = TokenBatcher(lengths, max_tokens=500, seed=3)
+    for epoch in range(3):
+        batches = batcher.epoch(epoch)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        for b in batches:
+            assert len(b) * max(max(lengths[i][0], lengths[i][1]) for i in b) <= 500
+
+
+def test_deterministic_under_seed_and_reshuffled_each_epoch():
+    lengths = random_lengths(1000)
+    a, b = TokenBatcher(lengths, 300, seed=1), TokenBatcher(lengths, 300, seed=1)
+    assert a.epoch(0) == b.epoch(0) and a.epoch(5) == b.epoch(5)
+    assert a.epoch(0) != a.epoch(1)  # bucket order shuffled each epoch
+    assert sorted(map(sorted, a.epoch(0))) == sorted(map(sorted, a.epoch(1)))  # same buckets
+    assert TokenBatcher(lengths, 300, seed=2).epoch(0) != a.epoch(0)
+    assert TokenBatcher(lengths, 300, shuffle=False).epoch(7) == TokenBatcher(lengths, 300, shuffle=False).batches
+
+
+def test_padding_fraction_hand_computed():
+    lengths = [(2, 3), (4, 3), (1, 1)]
+    # batch [0, 1]: src 2+4 of 2*4, tgt 3+3 of 2*3; batch [2]: no padding
+    assert padding_fraction(lengths, [[0, 1], [2]]) == pytest.approx(1 - (6 + 6 + 2) / (8 + 6 + 2))
+
+
+def test_example_longer_than_max_tokens_is_an_error():
+    with pytest.raises(ValueError, match="longer than max_tokens"):
+        TokenBatcher([(3, 3), (50, 4)], max_tokens=20)
+
+
+def test_collate_layout():
+    batch = collate([([5, 6, 7], [8]), ([9], [10, 11])], pad_id=0, bos_id=1, eos_id=2)
+    assert batch.src.tolist() == [[5, 6, 7, 2], [9, 2, 0, 0]]
+    assert batch.tgt_in.tolist() == [[1, 8, 0], [1, 10, 11]]
+    assert batch.tgt_out.tolist() == [[8, 2, 0], [10, 11, 2]]
+    assert batch.num_tokens == 5 and batch.num_src_tokens == 6
+
+
+DING_TRAIN = Path(__file__).resolve().parents[2] / "data" / "ding"
+
+
+def test_padding_under_10_percent_on_ding_train(tmp_path):
+    from aiayn.data.ding import find_ding, parse_ding, split_ding
+    from aiayn.data.tokenizer import Tokenizer
+
+    try:
+        path = find_ding(download=False)
+    except FileNotFoundError:
+        pytest.skip("the Ding dictionary is not installed (make ding)")
+    train = split_ding(parse_ding(path).sentences)["train"]
+    tokenizer = Tokenizer.train((t for pair in train for t in pair), vocab_size=8000)
+    src = tokenizer.encode_batch([s for s, _ in train])
+    tgt = tokenizer.encode_batch([t for _, t in train])
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(src, tgt, strict=True)]
+    for max_tokens in (1500, 2048, 4096):  # 25,000 (the paper's) spans too many lengths here: ~15%
+        batcher = TokenBatcher(lengths, max_tokens, seed=0)
+        fraction = padding_fraction(lengths, batcher.batches)
+        print(f"max_tokens {max_tokens}: {len(batcher)} batches, padding {fraction:.2%}")
+        assert fraction < 0.10

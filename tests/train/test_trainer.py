@@ -1,0 +1,153 @@
+"""The trainer end to end on a tiny synthetic corpus: outputs, checkpoints, exact resume after a
+kill, and DistributedDataParallel (torchrun, gloo) equal to one process with the same global batch."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+import yaml
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.model import Transformer
+from aiayn.train.checkpoint import latest_checkpoint, list_checkpoints
+from aiayn.train.config import RunConfig, parse_overrides
+from aiayn.train.trainer import train
+
+WORDS = {"haus": "house", "katze": "cat", "hund": "dog", "rot": "red", "klein": "small", "groß": "big", "und": "and"}
+
+
+def write_corpus(root: Path, n_train: int = 400, n_dev: int = 40, seed: int = 0) -> Path:
+    """Word-by-word 'translations' from a 7-word dictionary: learnable in a few dozen steps."""
+    g = torch.Generator().manual_seed(seed)
+    german = list(WORDS)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        de, en = [], []
+        for _ in range(n):
+            words = [
+                german[i]
+                for i in torch.randint(0, len(german), (int(torch.randint(1, 8, (1,), generator=g)),), generator=g)
+            ]
+            de.append(" ".join(words))
+            en.append(" ".join(WORDS[w] for w in words))
+        (root / f"{split}.de").write_text("\n".join(de) + "\n")
+        (root / f"{split}.en").write_text("\n".join(en) + "\n")
+    return root
+
+
+def write_config(root: Path, data_dir: Path, **train) -> Path:
+    config = {
+        "data": {"format": "parallel", "dir": str(data_dir), "max_len": 32},
+        "model": {"N": 1, "d_model": 32, "d_ff": 64, "h": 2, "P_drop": 0.1},
+        "train": {"vocab_size": 300, "max_tokens": 160, "warmup": 20, "max_steps": 12, "eval_every": 6,
+                  "checkpoint_every": 3, "checkpoint_minutes": None, "seed": 3, **train},
+    }  # fmt: skip
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    return write_corpus(root)
+
+
+def test_train_writes_model_checkpoints_and_metrics(tmp_path, corpus):
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus), parse_overrides(["--train.keep_checkpoints", "2"]))
+    result = train(run, tmp_path / "run", progress=False, log=lambda _: None)
+    out = tmp_path / "run"
+    assert result.step == 12
+    assert [p.name for p in list_checkpoints(out)] == ["step_00000009", "step_00000012"]  # keep the newest 2
+    assert latest_checkpoint(out).name == "step_00000012"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 13))
+    assert [r["step"] for r in records if r["kind"] == "dev"] == [6, 12]
+    assert records[-1]["kind"] == "final" and "dev_bleu" in records[-1]
+    # the checkpoint and the final model are directories that from_pretrained loads
+    for directory in (out / "model", latest_checkpoint(out)):
+        model = Transformer.from_pretrained(directory)
+        tokenizer = Tokenizer.load(directory / "tokenizer.json")
+        assert model.config.vocab_size == tokenizer.vocab_size
+    assert not list((out / "checkpoints").glob(".*.tmp"))
+
+
+def test_training_reduces_dev_loss(tmp_path, corpus):
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=60, eval_every=10, lr_scale=2.0))
+    train(run, tmp_path / "run", progress=False, log=lambda _: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    dev = [r["loss"] for r in records if r["kind"] == "dev"]
+    assert dev[-1] < 0.5 * dev[0]
+
+
+def aiayn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiayn", *args]
+
+
+def test_resume_after_kill_repeats_the_same_losses(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, max_steps=16, checkpoint_every=2, eval_every=4)
+    reference = tmp_path / "reference"
+    subprocess.run(aiayn("train", "--config", str(config), "--out", str(reference)), check=True, capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        aiayn("train", "--config", str(config), "--out", str(killed), "--train.max_steps", "100000"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "step_00000004").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its 4th step"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed_from = int(latest_checkpoint(killed).name.split("_")[1])
+    assert 4 <= resumed_from < 16
+
+    subprocess.run(
+        aiayn("train", "--config", str(config), "--out", str(killed), "--resume"), check=True, capture_output=True
+    )
+    expected, got = losses(reference), losses(killed)
+    assert sorted(got) == list(range(1, 17))
+    assert got == expected  # step for step, bit for bit
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, corpus):
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(run, tmp_path / "nothing", resume=True, progress=False, log=lambda _: None)
+
+
+def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, corpus):
+    """torchrun --nproc_per_node 2 (gloo on CPU), 1 batch per process per step, against one process
+    accumulating the same 2 batches: the parameters after 4 steps agree."""
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=100)
+    no_dropout = ["--model.P_drop", "0.0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = tmp_path / "single"
+    subprocess.run(
+        aiayn("train", "--config", str(config), "--out", str(single), "--train.accumulate", "2", *no_dropout),
+        check=True, capture_output=True, env=env,
+    )  # fmt: skip
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "aiayn",
+           "train", "--config", str(config), "--out", str(ddp), "--train.accumulate", "1", *no_dropout]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = safetensors.torch.load_file(str(single / "model" / "model.safetensors"))
+    b = safetensors.torch.load_file(str(ddp / "model" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert losses(single) == pytest.approx(losses(ddp), rel=1e-5)
