@@ -85,7 +85,7 @@ def test_train_writes_model_checkpoints_and_metrics(tmp_path, corpus):
 
 
 def test_training_reduces_dev_loss(tmp_path, corpus):
-    run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=60, eval_every=10, lr_scale=2.0))
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=80, eval_every=20, lr_scale=0.15))
     train(run, tmp_path / "run", progress=False, log=lambda _: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     dev = [r["loss"] for r in records if r["kind"] == "dev"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Dist", "setup_distributed", "all_reduce_sum"]
+__all__ = ["Dist", "setup_distributed", "all_reduce_sum", "teardown_distributed"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,10 @@ def all_reduce_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
     if d.world > 1:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
+
+
+def teardown_distributed(d: Dist) -> None:
+    """Wait for every process (rank 0 saves and evaluates last), then leave the process group."""
+    if d.world > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

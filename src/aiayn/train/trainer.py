@@ -31,7 +31,7 @@ from ..model import Transformer
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig
 from .data import load_split
-from .distributed import all_reduce_sum, setup_distributed
+from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
 from .loss import label_smoothed_loss
 from .schedule import paper_lr
 
@@ -288,6 +288,7 @@ def train(
 
     # Final checkpoint, averaging, evaluation -------------------------------------------------------
     if not d.main:
+        teardown_distributed(d)
         return TrainResult(step, state["epoch"], train_loss, dev_loss, dev_ppl, None, out / "model", 0.0)
     final = checkpoint_now()
     if cfg.average_last > 1:
@@ -313,6 +314,7 @@ def train(
         )  # fmt: skip
         say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}, {dev_scores}")
     say(f"model saved to {model_dir} (last checkpoint {final})")
+    teardown_distributed(d)
     return TrainResult(
         step, state["epoch"], train_loss, dev_loss, dev_ppl, dev_scores, model_dir, time.perf_counter() - t0
     )
