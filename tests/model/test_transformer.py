@@ -319,3 +319,16 @@ def test_gelu_model_differs_from_relu_model():
     with torch.no_grad():
         assert not torch.allclose(relu(src, tgt), gelu(src, tgt), atol=1e-4)
     assert torch.nn.functional.gelu is gelu.encoder.layers[0].feed_forward.activation
+
+
+def test_select_computes_logits_only_at_selected_positions():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(40)).eval()
+    src = torch.randint(3, 40, (3, 6))
+    tgt = torch.randint(3, 40, (3, 5))
+    tgt[1, 3:] = 0
+    select = tgt != 0
+    full = model(src, tgt)
+    picked = model(src, tgt, select=select)
+    assert picked.shape == (int(select.sum()), 40)
+    torch.testing.assert_close(picked, full[select], atol=1e-6, rtol=0)

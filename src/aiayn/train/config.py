@@ -84,7 +84,6 @@ class TrainConfig:
     checkpoint_minutes: float | None = 10.0
     keep_checkpoints: int = 5
     average_last: int = 0  # average the last N checkpoints at the end (0: off)
-    bleu_beam: int = 1  # decoding for the final dev/test BLEU (1: greedy)
     seed: int = 0
     compile: bool = False
     amp: bool = True  # bf16 autocast on CUDA

@@ -153,8 +153,6 @@ def train(
     dev_pairs = load_split(run.data, "dev", say, seed=cfg.seed, required=False)
     if checkpoint is not None:
         tokenizer = Tokenizer.load(checkpoint / TOKENIZER_NAME)
-    elif (out / TOKENIZER_NAME).is_file() and resume:
-        tokenizer = Tokenizer.load(out / TOKENIZER_NAME)
     else:
         say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(train_pairs):,} pairs ...")
         tokenizer = Tokenizer.train((text for pair in train_pairs for text in pair), cfg.vocab_size)

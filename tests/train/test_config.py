@@ -1,0 +1,69 @@
+"""Run configs: YAML presets load, overrides make new configs, mistakes are clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.model import ModelConfig
+from aiayn.train.config import RunConfig, parse_overrides
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", ["ding", "wmt14-base", "wmt14-big"])
+def test_presets_load(name):
+    run = RunConfig.from_yaml(CONFIGS / f"{name}.yaml")
+    assert isinstance(run.model_config(8000), ModelConfig)
+
+
+def test_wmt_presets_are_the_paper_models():
+    base = RunConfig.from_yaml(CONFIGS / "wmt14-base.yaml")
+    big = RunConfig.from_yaml(CONFIGS / "wmt14-big.yaml")
+    assert base.model_config(37000) == ModelConfig.base(37000)
+    assert big.model_config(37000) == ModelConfig.big(37000)
+    assert (base.train.max_steps, big.train.max_steps) == (100_000, 300_000)
+    assert (base.train.average_last, big.train.average_last) == (5, 20)
+    assert base.train.warmup == 4000 and base.train.betas == (0.9, 0.98) and base.train.adam_eps == 1e-9
+    assert base.train.eps_ls == 0.1 and base.train.checkpoint_minutes == 10
+    # 25,000 source tokens per step on 8 processes
+    assert base.train.max_tokens * base.train.accumulate * 8 == 25_000
+
+
+def test_overrides_parse_yaml_scalars_and_apply():
+    overrides = parse_overrides(["--train.max_steps", "100", "--model.d_model=128", "--train.compile", "true"])
+    assert overrides == {"train.max_steps": 100, "model.d_model": 128, "train.compile": True}
+    run = RunConfig.from_yaml(CONFIGS / "ding.yaml", overrides)
+    assert run.train.max_steps == 100 and run.model["d_model"] == 128 and run.train.compile is True
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"train.no_such_field": 1}, "no_such_field"),
+        ({"model.d_model": 100, "model.h": 3}, "divisible"),
+        ({"nosection": 1}, "SECTION.NAME"),
+        ({"data.format": "xml"}, "data.format"),
+        ({"train.max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_bad_values_are_clear_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_yaml(CONFIGS / "ding.yaml", overrides)
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing"):
+        RunConfig.from_yaml(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ValueError, match="bad"):
+        RunConfig.from_yaml(bad)
+    stray = tmp_path / "stray.yaml"
+    stray.write_text("trian:\n  max_steps: 3\n")
+    with pytest.raises(ValueError, match="trian"):
+        RunConfig.from_yaml(stray)
+
+
+def test_override_needs_a_value():
+    with pytest.raises(ValueError, match="needs a value"):
+        parse_overrides(["--train.max_steps"])
