@@ -55,7 +55,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             [final[-1]["step"]], [final[-1]["dev_bleu"]], "r*", ms=12, label=f"dev BLEU {final[-1]['dev_bleu']:.1f}"
         )
         twin.set_ylabel("BLEU")
-        twin.legend(loc="upper center")
+        twin.legend(loc="center right")
     ax.set(xlabel="step", title="dev perplexity and BLEU")
     if dev:
         ax.legend(loc="upper right")

@@ -163,6 +163,19 @@ def read_parallel(
     return collector.result()
 
 
+def _text_lines(path: PathLike, collector: _Collector) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line that decodes and is not blank; the others are counted."""
+    for i, raw in enumerate(_raw_lines(path), start=1):
+        collector.report.lines += 1
+        text = _decode(raw, path, i, collector)
+        if text is None:
+            continue
+        if not text.strip():
+            collector.report.skipped_empty += 1
+            continue
+        yield i, text
+
+
 def read_tsv(
     path: PathLike,
     src_column: int = 0,
@@ -178,14 +191,7 @@ def read_tsv(
         raise ValueError(f"columns must be >= 0, got src_column={src_column}, tgt_column={tgt_column}")
     needed = max(src_column, tgt_column) + 1
     collector = _Collector((str(path),), on_error, max_chars)
-    for i, raw in enumerate(_raw_lines(path), start=1):
-        collector.report.lines += 1
-        text = _decode(raw, path, i, collector)
-        if text is None:
-            continue
-        if not text.strip():
-            collector.report.skipped_empty += 1
-            continue
+    for i, text in _text_lines(path, collector):
         fields = text.rstrip("\r").split("\t")
         if len(fields) < needed:
             collector.error(
@@ -227,14 +233,7 @@ def read_jsonl(
     Bad JSON, a missing key or a non-string value is malformed; a blank line is empty.
     """
     collector = _Collector((str(path),), on_error, max_chars)
-    for i, raw in enumerate(_raw_lines(path), start=1):
-        collector.report.lines += 1
-        text = _decode(raw, path, i, collector)
-        if text is None:
-            continue
-        if not text.strip():
-            collector.report.skipped_empty += 1
-            continue
+    for i, text in _text_lines(path, collector):
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
