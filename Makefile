@@ -30,6 +30,7 @@ data/ding/train.de: | install ding
 
 # The main job: a German->English translator trained from scratch on this CPU (about 20 minutes).
 demo: install ding data/ding/train.de
+	rm -rf runs/ding  # the demo always trains from scratch
 	$(AIAYN) train --config configs/ding.yaml --out runs/ding
 	$(AIAYN) evaluate --model runs/ding/model --src data/ding/test.de --ref data/ding/test.en --samples 8
 	$(AIAYN) plot runs/ding

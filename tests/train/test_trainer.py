@@ -151,3 +151,10 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, corpus)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4, msg=name)
     assert losses(single) == pytest.approx(losses(ddp), rel=1e-5)
+
+
+def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, corpus):
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=3))
+    train(run, tmp_path / "run", progress=False, log=lambda _: None)
+    with pytest.raises(ValueError, match="--resume"):
+        train(run, tmp_path / "run", progress=False, log=lambda _: None)

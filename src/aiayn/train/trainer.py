@@ -144,6 +144,8 @@ def train(
     checkpoint = latest_checkpoint(out) if resume else None
     if resume and checkpoint is None:
         raise FileNotFoundError(f"{out}: no checkpoint to resume from")
+    if not resume and list_checkpoints(out):
+        raise ValueError(f"{out} already holds checkpoints: continue it with --resume, or choose another --out")
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
