@@ -62,7 +62,6 @@ def translate_ids(
     results: list[list[int]] = [[] for _ in sources]
     start = 0
     while start < len(order):
-        longest = len(sources[order[start]]) + 1
         end = start + 1
         while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) <= max_tokens:
             end += 1
