@@ -2,8 +2,10 @@
 
 from .corpus import CorpusError, ReadReport, load_hf_dataset, read_jsonl, read_parallel, read_tsv
 from .ding import DingCorpus, find_ding, parse_ding, prepare_ding, split_ding
+from .tokenizer import Tokenizer
 
 __all__ = [
+    "Tokenizer",
     "DingCorpus",
     "find_ding",
     "parse_ding",
