@@ -1,78 +1,299 @@
 """Decoding: generating target sequences from a trained model (§6.1).
 
-Legend: B batch, S source length, L output length.
+Legend: B batch (sentences), K beam size, S source length, L output length, V vocabulary.
 
-Greedy decoding runs on the KV cache: the encoder-decoder keys and values are computed once
-per source, the self-attention keys and values grow one step at a time.
+Both searches run on the KV cache: the encoder-decoder keys and values are computed once per
+source, the self-attention keys and values grow one step at a time, and beam search gathers the
+cache rows by parent beam every step. ``use_cache=False`` recomputes the whole prefix each
+step instead (the reference the cache is tested and benchmarked against).
+
+Conventions shared by greedy and beam search (as in fairseq):
+- the padding token is never produced;
+- sentence b may produce at most ``limit_b = (its source length) + max_len_a`` tokens, EOS
+  included (§6.1: "maximum output length to input length + 50"), capped by ``max_len``; at
+  the limit EOS is forced (scored with its real probability);
+- ``min_len`` forbids EOS before that many tokens (benchmarks use it to force equal lengths).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .model import Transformer
 
-__all__ = ["greedy_decode", "translate_ids"]
+__all__ = ["Hypothesis", "beam_search", "greedy_decode", "length_penalty", "translate_ids"]
+
+
+def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
+    """lp(Y) = ((5 + |Y|) / 6)^α, the length penalty of GNMT (Wu et al., 2016) that §6.1 uses
+    with α = 0.6; a hypothesis scores log P(Y|X) / lp(Y). |Y| counts the output tokens, EOS
+    included."""
+    return ((5 + length) / 6) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    """One finished output: ``tokens`` without BOS and EOS, ``score`` = log P / lp(|Y|),
+    ``log_prob`` = log P(Y|X) (summed over the tokens, EOS included)."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def _limits(model: Transformer, src_mask: Tensor, max_len_a: int, max_len: int | None) -> Tensor:
+    """Per-sentence output limits ``(B,)``: source length + max_len_a, capped by ``max_len`` and by
+    the positions a learned positional embedding has."""
+    limit = src_mask.view(src_mask.size(0), -1).sum(-1) + max_len_a  # (B,)
+    if max_len is not None:
+        limit = limit.clamp(max=max_len)
+    if model.config.positional == "learned":
+        limit = limit.clamp(max=model.config.max_len - 1)  # BOS takes position 0
+    return limit.clamp(min=1)
+
+
+def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id: int, eos_id: int) -> Tensor:
+    """Apply the shared rules to next-token log-probabilities ``(R, V)`` for output position
+    ``length`` (1-based): no padding, no EOS before ``min_len``, only EOS at the limit."""
+    logp[:, pad_id] = -torch.inf
+    if length < min_len:
+        logp[:, eos_id] = -torch.inf
+    if at_limit.any():
+        eos = logp[at_limit, eos_id].clone()
+        logp[at_limit] = -torch.inf
+        logp[at_limit, eos_id] = eos
+    return logp
+
+
+class _Stepper:
+    """Next-token log-probabilities for a set of prefixes, with or without the KV cache.
+
+    ``rows`` of the decoder state are selected by ``reorder(rows, sentences_changed)``: with the
+    cache only the self-attention K/V need gathering when the rows stay within each sentence's
+    beams (every beam of a sentence has the same encoder-decoder K/V)."""
+
+    def __init__(self, model: Transformer, src: Tensor, rows: Tensor, use_cache: bool) -> None:
+        self.model, self.use_cache = model, use_cache
+        enc = model.encode(src)
+        if use_cache:
+            self.cache = model.init_cache(enc.memory, enc.mask)
+            if rows.numel() != src.size(0) or not torch.equal(rows, torch.arange(src.size(0), device=src.device)):
+                self.cache.reorder(rows)
+        else:
+            self.memory, self.memory_mask = enc.memory[rows], enc.mask[rows]
+
+    def __call__(self, prefixes: Tensor) -> Tensor:
+        """prefixes ``(R, t)`` (BOS first) -> log-probabilities of the next token ``(R, V)``, float32."""
+        if self.use_cache:
+            logits = self.model.decode(prefixes[:, -1:], cache=self.cache).logits[:, -1]  # (R, V)
+        else:
+            select = torch.zeros_like(prefixes, dtype=torch.bool)
+            select[:, -1] = True
+            logits = self.model.decode(prefixes, self.memory, self.memory_mask, select=select).logits  # (R, V)
+        return F.log_softmax(logits.float(), dim=-1)
+
+    def reorder(self, rows: Tensor, sentences_changed: bool) -> None:
+        if self.use_cache:
+            self.cache.reorder(rows, cross=sentences_changed)
+        else:
+            self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
 
 
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None) -> Tensor:
+def greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    max_len: int | None = None,
+    max_len_a: int = 50,
+    min_len: int = 0,
+    use_cache: bool = True,
+) -> Tensor:
     """Pick the most likely token at every step until every sentence has produced EOS.
 
     Args:
         model: an encoder-decoder ``Transformer`` (put it in eval mode first).
         src: ``(B, S)`` source token ids, padded with ``config.pad_id``.
-        max_len: the most output tokens; default S + 50 (§6.1).
+        max_len, max_len_a, min_len: the output limits (module docstring); by default each
+            sentence may produce its source length + 50 tokens.
+        use_cache: run on the KV cache (default) or recompute the prefix each step.
 
     Returns:
-        ``(B, L)`` output ids without BOS, each ending in EOS unless it hit ``max_len``;
-        positions after EOS hold ``pad_id``.
+        ``(B, L)`` output ids without BOS, each ending in EOS; positions after EOS hold ``pad_id``.
     """
     config = model.config
-    max_len = src.size(1) + 50 if max_len is None else max_len
-    enc = model.encode(src)
-    cache = model.init_cache(enc.memory, enc.mask)
     B = src.size(0)
-    token = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
-    out = []
-    for _ in range(max_len):
-        logits = model.decode(token, cache=cache).logits[:, -1]  # (B, V)
-        token = logits.argmax(dim=-1).masked_fill(finished, config.pad_id)  # (B,)
-        out.append(token)
-        finished |= token == config.eos_id
-        token = token[:, None]
-        if finished.all():
+    limit = _limits(model, masks_of(src, config.pad_id), max_len_a, max_len)  # (B,)
+    active = torch.arange(B, device=src.device)  # the sentences still decoding
+    step = _Stepper(model, src, active, use_cache)
+    prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
+    out = torch.full((B, int(limit.max())), config.pad_id, dtype=torch.long, device=src.device)
+    for t in range(out.size(1)):
+        logp = _constrain(step(prefixes), t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
+        token = logp.argmax(dim=-1)  # (R,)
+        out[active, t] = token
+        prefixes = torch.cat([prefixes, token[:, None]], dim=1)
+        going = token != config.eos_id
+        if not going.all():
+            if not going.any():
+                break
+            keep = going.nonzero().squeeze(1)
+            active, prefixes = active[keep], prefixes[keep]
+            step.reorder(keep, sentences_changed=True)
+    return out[:, : t + 1] if out.size(1) else out
+
+
+def masks_of(src: Tensor, pad_id: int) -> Tensor:
+    """``(B, S)`` True where ``src`` holds a real token."""
+    return src != pad_id
+
+
+@torch.no_grad()
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    nbest: int = 1,
+    max_len: int | None = None,
+    max_len_a: int = 50,
+    min_len: int = 0,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search with length penalty (§6.1: beam size 4, α = 0.6), batched over sentences.
+
+    Each step extends the K live beams of every sentence by every token, keeps the 2K best
+    candidates by log P, finalizes the EOS candidates ranked among the first K (scored
+    log P / lp(|Y|)) and continues with the K best non-EOS ones; a sentence stops once it has K
+    finished hypotheses or reaches its length limit (EOS is forced there), and leaves the batch.
+    The KV cache is gathered by parent beam every step.
+
+    Args:
+        model: an encoder-decoder ``Transformer`` in eval mode.
+        src: ``(B, S)`` source ids padded with ``config.pad_id``.
+        beam: K; ``beam=1`` gives the greedy output.
+        alpha: the length penalty's α (0: plain log-probability).
+        nbest: how many hypotheses to return per sentence (<= beam), best first.
+        max_len, max_len_a, min_len, use_cache: as for ``greedy_decode``.
+
+    Returns:
+        for every sentence, its ``nbest`` best ``Hypothesis`` objects, best first.
+    """
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    config = model.config
+    B, K, device = src.size(0), beam, src.device
+    limit = _limits(model, masks_of(src, config.pad_id), max_len_a, max_len)  # (B,)
+    active = torch.arange(B, device=device)  # sentence of each group of K rows
+    step = _Stepper(model, src, active.repeat_interleave(K), use_cache)
+    prefixes = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)  # (R, t), R = n K
+    scores = torch.full((B, K), -torch.inf, device=device)  # log P of each live beam
+    scores[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for t in range(1, int(limit.max()) + 1):
+        n = active.numel()
+        at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
+        logp = _constrain(step(prefixes), t, at_limit, min_len, config.pad_id, config.eos_id)  # (R, V)
+        V = logp.size(-1)
+        candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
+        top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
+        parent, token = index // V, index % V  # (n, 2K)
+        is_eos = token == config.eos_id
+        # finalize EOS candidates ranked among the first K, best first
+        eos_rank = (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist()
+        if eos_rank:
+            rows = torch.tensor([i * K + int(parent[i, r]) for i, r in eos_rank], device=device)
+            ended = prefixes[rows, 1:].tolist()
+            for (i, r), tokens in zip(eos_rank, ended, strict=True):
+                b = int(active[i])
+                if len(finished[b]) < K:
+                    log_prob = float(top[i, r])
+                    finished[b].append(Hypothesis(tokens, log_prob / length_penalty(t, alpha), log_prob))
+        # continue with the K best non-EOS candidates (there are at least K among 2K)
+        keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
+        scores = top.gather(1, keep_rank)  # (n, K)
+        parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)  # (n, K)
+        done = torch.tensor([len(finished[int(b)]) >= K for b in active], device=device) | (limit[active] <= t)
+        if done.all():
             break
-    return torch.stack(out, dim=1) if out else src.new_empty(B, 0)
+        going = (~done).nonzero().squeeze(1)  # (n',)
+        rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
+        prefixes = torch.cat([prefixes[rows], token[going].view(-1, 1)], dim=1)
+        step.reorder(rows, sentences_changed=bool(done.any()))
+        active, scores = active[going], scores[going]
+    results = []
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        results.append(hyps[:nbest])
+    return results
+
+
+def _batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, at most ``max_tokens`` padded source
+    positions each (a longer sentence gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * lengths[order[end]] <= max_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, device: torch.device) -> Tensor:
+    """Sources (ids without EOS) as a padded ``(B, S)`` batch, EOS appended (as in training)."""
+    longest = max(len(s) for s in sources) + 1
+    src = torch.full((len(sources), longest), pad_id, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids) + 1] = torch.tensor([*ids, eos_id])
+    return src.to(device)
 
 
 @torch.no_grad()
 def translate_ids(
-    model: Transformer, sources: list[list[int]], max_tokens: int = 4096, max_len_a: int = 50
-) -> list[list[int]]:
-    """Greedy-decode many sources (token ids without EOS), batched by length; results in input order.
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    max_tokens: int = 4096,
+    max_len_a: int = 50,
+    beam: int = 1,
+    alpha: float = 0.6,
+    nbest: int = 1,
+    progress: bool = False,
+) -> list[list[int]] | list[list[Hypothesis]]:
+    """Translate many sources (token ids without EOS), batched by length; results in input order.
 
-    Each batch holds at most ``max_tokens`` source positions; outputs are cut at EOS (exclusive).
+    ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
+    search and returns token lists too, unless ``nbest > 1``, which returns each source's
+    ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
     """
     config = model.config
     device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: list[list[int]] = [[] for _ in sources]
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) <= max_tokens:
-            end += 1
-        batch = order[start:end]
-        longest = max(len(sources[i]) for i in batch) + 1
-        src = torch.full((len(batch), longest), config.pad_id, dtype=torch.long)
-        for row, i in enumerate(batch):
-            src[row, : len(sources[i]) + 1] = torch.tensor([*sources[i], config.eos_id])
-        out = greedy_decode(model, src.to(device), max_len=longest + max_len_a).tolist()
-        for row, i in enumerate(batch):
-            ids = out[row]
-            results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
-        start = end
+    batches = _batches([len(s) + 1 for s in sources], max(1, max_tokens // beam))
+    results: list = [None] * len(sources)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(sources), desc="translate", unit="sent")
+    for batch in batches:
+        src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
+        if beam == 1 and nbest == 1:
+            out = greedy_decode(model, src, max_len_a=max_len_a).tolist()
+            for row, i in enumerate(batch):
+                ids = out[row]
+                results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
+        else:
+            hyps = beam_search(model, src, beam=beam, alpha=alpha, nbest=nbest, max_len_a=max_len_a)
+            for row, i in enumerate(batch):
+                results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
     return results

@@ -154,10 +154,13 @@ class KVCache:
     def length(self) -> int:
         return self.self_attn[0].length if self.self_attn else 0
 
-    def reorder(self, indices: Tensor) -> KVCache:
-        for layer_cache in self.self_attn + (self.cross_attn or []):
+    def reorder(self, indices: Tensor, cross: bool = True) -> KVCache:
+        """Row b becomes row ``indices[b]``. ``cross=False`` leaves the encoder-decoder K/V and
+        the memory mask as they are: right (and cheaper) when every index stays among the rows
+        of the same source, as when beam search gathers a sentence's beams by parent."""
+        for layer_cache in self.self_attn + ((self.cross_attn or []) if cross else []):
             layer_cache.reorder(indices)
-        if self.memory_mask is not None:
+        if self.memory_mask is not None and cross:
             self.memory_mask = self.memory_mask.index_select(0, indices)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, indices)

@@ -1,0 +1,171 @@
+"""Greedy and beam search (§6.1) against independent truths: recomputation without the cache,
+one sentence at a time, and a brute-force search over every output of a toy model."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_ids
+from aiayn.model import ModelConfig, Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _model(seed: int = 0, vocab_size: int = 16, eos_boost: float = 2.5, **kw) -> Transformer:
+    """A random tiny model whose EOS is likely enough that outputs end at different lengths."""
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.tiny(vocab_size=vocab_size, **kw)).eval()
+    with torch.no_grad():
+        model.tgt_embedding.weight[EOS] *= eos_boost  # tied: raises the EOS logit's spread
+    return model
+
+
+def _sources(lengths, vocab_size=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths) + 1), PAD)
+    for row, n in enumerate(lengths):
+        src[row, :n] = torch.randint(5, vocab_size, (n,), generator=g)
+        src[row, n] = EOS
+    return src
+
+
+def _trim(row: list[int]) -> list[int]:
+    return row[: row.index(EOS)] if EOS in row else row
+
+
+def test_length_penalty_formula():
+    assert length_penalty(1, 0.6) == 1.0  # (5 + 1) / 6 = 1
+    assert length_penalty(7, 0.6) == pytest.approx(2**0.6)  # (5 + 7) / 6 = 2
+    assert length_penalty(13, 0.5) == pytest.approx(math.sqrt(3))
+    assert length_penalty(30, 0.0) == 1.0
+
+
+def test_fixture_outputs_end_at_different_lengths():
+    out = greedy_decode(_model(), _sources([3, 7, 5, 9, 2, 6]), max_len_a=10).tolist()
+    lengths = {len(_trim(row)) for row in out}
+    assert len(lengths) > 2, out  # so that the tests below exercise sentences finishing early
+
+
+def test_greedy_with_cache_equals_recomputation():
+    model, src = _model(), _sources([3, 7, 5, 9, 2, 6])
+    assert torch.equal(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
+
+
+def test_greedy_is_argmax_of_teacher_forced_logits():
+    """Each output token is the argmax (pad excluded) of the full forward pass on the output so far."""
+    model, src = _model(seed=3), _sources([4, 6])
+    out = greedy_decode(model, src, max_len_a=8)
+    for row in range(src.size(0)):
+        tokens = [*_trim(out[row].tolist()), EOS]
+        tgt = torch.tensor([[BOS, *tokens[:-1]]])
+        logits = model(src[row : row + 1], tgt)[0]
+        logits[:, PAD] = -torch.inf
+        best = logits.argmax(-1).tolist()
+        limit = int((src[row] != PAD).sum()) + 8
+        assert best[: len(tokens) - 1] == tokens[:-1]
+        assert best[len(tokens) - 1] == EOS or len(tokens) == limit  # EOS chosen, or forced at the limit
+
+
+def test_greedy_limits_and_min_len():
+    model, src = _model(), _sources([3, 5])
+    out = greedy_decode(model, src, max_len_a=2)  # limit = source length (with EOS) + 2
+    for row, n in zip(out.tolist(), [3 + 1 + 2, 5 + 1 + 2], strict=True):
+        assert EOS in row and row.index(EOS) + 1 <= n and PAD not in row[: row.index(EOS)]
+    exact = greedy_decode(model, src, max_len=6, min_len=6)  # forced to exactly 6 tokens, EOS last
+    assert exact.shape == (2, 6) and (exact[:, -1] == EOS).all() and not (exact[:, :-1] == EOS).any()
+
+
+def test_beam_one_equals_greedy():
+    model, src = _model(), _sources([3, 7, 5, 9, 2, 6])
+    greedy = [_trim(row) for row in greedy_decode(model, src).tolist()]
+    beam = [h[0].tokens for h in beam_search(model, src, beam=1)]
+    assert beam == greedy
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_beam_with_cache_equals_recomputation(beam):
+    model, src = _model(seed=2), _sources([3, 7, 5, 9, 2, 6])
+    cached = beam_search(model, src, beam=beam, nbest=beam)
+    recomputed = beam_search(model, src, beam=beam, nbest=beam, use_cache=False)
+    for a, b in zip(cached, recomputed, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_batch_equals_one_sentence_at_a_time():
+    """Padding invariance: a sentence's output does not depend on the others in its batch."""
+    model, src = _model(seed=4), _sources([3, 7, 5, 9, 2, 6])
+    batched_beam = beam_search(model, src, beam=3, nbest=2)
+    batched_greedy = [_trim(r) for r in greedy_decode(model, src).tolist()]
+    for row in range(src.size(0)):
+        alone = src[row : row + 1, : int((src[row] != PAD).sum())]
+        one = beam_search(model, alone, beam=3, nbest=2)[0]
+        assert [h.tokens for h in one] == [h.tokens for h in batched_beam[row]]
+        assert [h.score for h in one] == pytest.approx([h.score for h in batched_beam[row]], abs=1e-5)
+        assert _trim(greedy_decode(model, alone)[0].tolist()) == batched_greedy[row]
+
+
+@torch.no_grad()
+def _sequence_log_prob(model, src, tokens):
+    """log P(tokens | src) by one teacher-forced forward pass (pad never allowed: its logit is
+    kept in the softmax, as in the search)."""
+    tgt = torch.tensor([[BOS, *tokens[:-1]]])
+    logp = F.log_softmax(model(src, tgt)[0].float(), dim=-1)  # (T, V)
+    return float(logp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_wide_beam_finds_the_best_sequence_by_brute_force(alpha):
+    """Vocabulary of 5 (pad, bos, eos and two words), outputs of at most 4 tokens: every
+    sequence ending in EOS is enumerated and scored log P / lp; a beam wide enough to keep every
+    prefix must return exactly that ranking."""
+    model = _model(seed=5, vocab_size=5, eos_boost=1.0)
+    src = torch.tensor([[3, 4, 3, EOS]])
+    L = 4
+    truth = []
+    for n in range(1, L + 1):
+        for words in itertools.product([BOS, 3, 4], repeat=n - 1):  # any non-pad, non-EOS token
+            tokens = [*words, EOS]
+            log_prob = _sequence_log_prob(model, src, tokens)
+            truth.append((log_prob / length_penalty(n, alpha), list(words)))
+    truth.sort(key=lambda x: x[0], reverse=True)
+    assert len(truth) == 1 + 3 + 9 + 27
+    found = beam_search(model, src, beam=len(truth), nbest=len(truth), alpha=alpha, max_len=L)[0]
+    assert [h.tokens for h in found] == [words for _, words in truth]
+    assert [h.score for h in found] == pytest.approx([score for score, _ in truth], abs=1e-5)
+    narrow = beam_search(model, src, beam=2, alpha=alpha, max_len=L)[0][0]
+    assert narrow.score <= truth[0][0] + 1e-6
+
+
+def test_hypotheses_are_sorted_distinct_and_scored():
+    model, src = _model(seed=6), _sources([5, 8])
+    for row, hyps in enumerate(beam_search(model, src, beam=4, nbest=4, alpha=0.6)):
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+        for h in hyps:
+            assert h.score == pytest.approx(h.log_prob / length_penalty(len(h.tokens) + 1, 0.6))
+            alone = src[row : row + 1, : int((src[row] != PAD).sum())]
+            assert h.log_prob == pytest.approx(_sequence_log_prob(model, alone, [*h.tokens, EOS]), abs=1e-4)
+
+
+def test_beam_search_rejects_bad_arguments():
+    model, src = _model(), _sources([3])
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(model, src, beam=2, nbest=3)
+    with pytest.raises(ValueError, match="beam"):
+        beam_search(model, src, beam=0)
+
+
+def test_translate_ids_keeps_input_order_across_batches():
+    model = _model(seed=7)
+    lengths = [9, 2, 5, 1, 7, 3, 4, 8]
+    src = _sources(lengths)
+    sources = [src[i, :n].tolist() for i, n in enumerate(lengths)]
+    expected = [h[0].tokens for h in beam_search(model, src, beam=3)]
+    assert translate_ids(model, sources, max_tokens=12, beam=3) == expected  # several small batches
+    greedy = [_trim(r) for r in greedy_decode(model, src).tolist()]
+    assert translate_ids(model, sources, max_tokens=10) == greedy
