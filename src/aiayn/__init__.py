@@ -9,6 +9,7 @@ from .model import (
     Transformer,
     load_pretrained,
 )
+from .translator import Translator
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "Transformer",
+    "Translator",
     "__version__",
     "load_pretrained",
 ]

@@ -4,7 +4,11 @@ aiayn data ding --out data/ding
 aiayn train --config configs/ding.yaml --out runs/ding [--resume] [--train.max_steps 100 ...]
 aiayn evaluate --model runs/ding/model --src data/ding/test.de --ref data/ding/test.en
 aiayn translate --model runs/ding/model "Es war purer Zufall."
+aiayn generate --model runs/lm/model "The weather" --temperature 0.8 --top-p 0.9 --seed 1
+aiayn fill-mask --model runs/mlm/model "Das ist ein <mask> Haus."
 aiayn plot runs/ding
+aiayn plot pe | aiayn plot lr --config configs/ding.yaml
+aiayn attention --model runs/ding/model "Es war purer Zufall." --layers 0,2 --heads 0,1
 aiayn average runs/ding/checkpoints/step_* --out runs/ding/averaged
 aiayn copy-task
 """
@@ -15,6 +19,7 @@ import argparse
 import dataclasses
 import sys
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["main"]
@@ -81,20 +86,42 @@ def _read_lines(path: str) -> list[str]:
         raise ValueError(f"{path}: not UTF-8 text ({e})") from None
 
 
+def _one_line(text: str) -> str:
+    """A translation as one output line (a model can produce line-break characters)."""
+    return " ".join(text.splitlines())
+
+
+def _translator(args: argparse.Namespace):
+    from .translator import Translator
+
+    return Translator.from_pretrained(args.model, device=args.device or "cpu", quantize=args.quantize)
+
+
+def _search(args: argparse.Namespace) -> dict:
+    return dict(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, max_len_a=args.max_len_a)
+
+
 def _evaluate(args: argparse.Namespace) -> int:
-    from .decode import translate_ids
     from .evaluate import score_translations
 
-    model, tokenizer = _load_model(args.model)
+    if (args.src is None) != (args.ref is None):
+        raise ValueError("give both --src and --ref, or --split")
+    if args.src is None:
+        args.src = str(Path(args.data) / f"{args.split}.{args.src_lang}")
+        args.ref = str(Path(args.data) / f"{args.split}.{args.tgt_lang}")
+    translator = _translator(args)
     sources, references = _read_lines(args.src), _read_lines(args.ref)
     if len(sources) != len(references):
         raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}")
     start = time.perf_counter()
-    hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
+    hypotheses = [_one_line(h) for h in translator.translate(sources, progress=True, **_search(args))]
     seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
-    print(f"{len(sources)} sentences translated (greedy) in {seconds:.1f} s")
+    search = "greedy" if args.beam == 1 else f"beam {args.beam}, alpha {args.alpha}"
+    int8 = ", int8" if args.quantize else ""
+    print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}) in {seconds:.1f} s")
     print(scores)
+    print(f"perplexity of the references: {translator.perplexity(sources, references, args.max_tokens):.2f}")
     if args.output:
         Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     for source, hypothesis, reference in list(zip(sources, hypotheses, references, strict=True))[: args.samples]:
@@ -103,26 +130,114 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from .decode import translate_ids
-
-    model, tokenizer = _load_model(args.model)
+    translator = _translator(args)
     if args.sentences:
         sources = args.sentences
     elif args.input:
         sources = _read_lines(args.input)
     else:
         sources = sys.stdin.read().splitlines()
-    hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
-    for source, hypothesis in zip(sources, hypotheses, strict=True):
-        print(hypothesis if source.strip() else "")
+    results = translator.translate(sources, nbest=args.nbest, **_search(args))
+    for i, result in enumerate(results):
+        if args.nbest > 1:
+            for text, score in result:
+                print(f"{i}\t{score:.4f}\t{_one_line(text)}")
+        else:
+            print(_one_line(result))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+    from .decode import generate_ids
+    from .model import DecoderOnly
+
+    model = DecoderOnly.from_pretrained(args.model).eval()
+    tokenizer = Tokenizer.load(Path(args.model) / TOKENIZER_NAME)
+    for prompt in args.prompts:
+        ids = tokenizer.encode(prompt)
+        samples = generate_ids(
+            model, ids, args.num_samples, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed
+        )
+        for sample in samples:
+            print(tokenizer.decode(ids + sample))
+    return 0
+
+
+def _fill_mask(args: argparse.Namespace) -> int:
+    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+    from .decode import fill_mask
+    from .model import EncoderOnly
+
+    model = EncoderOnly.from_pretrained(args.model).eval()
+    tokenizer = Tokenizer.load(Path(args.model) / TOKENIZER_NAME)
+    for text in args.texts:
+        ids = tokenizer.encode(text)
+        if tokenizer.mask_id not in ids:
+            raise ValueError(f"no <mask> in {text!r}")
+        masks = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
+        print(text)
+        for position, candidates in zip(masks, fill_mask(model, ids, tokenizer.mask_id, args.top_k), strict=True):
+            if len(masks) > 1:
+                print(f"  <mask> {masks.index(position) + 1}:")
+            for token, p in candidates:
+                filled = [*ids[:position], token, *ids[position + 1 :]]
+                sentence = tokenizer.decode(filled) if len(masks) == 1 else ""
+                print(f"  {p:6.1%}  {tokenizer.decode([token]):<16} {sentence}".rstrip())
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .viz import plot_run
+    from . import viz
 
-    print(f"written {plot_run(args.run, args.out)}")
+    what = args.what if args.what in ("pe", "lr") else "run"
+    for owner, names in {"pe": ("length", "d_model"), "lr": ("config", "steps")}.items():
+        for name in names:
+            if owner != what and getattr(args, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} belongs to `aiayn plot {owner}`")
+    if what == "run":
+        out = viz.plot_run(args.what, args.out)
+    elif what == "pe":
+        out = args.out or "pe.png"
+        options = {"length": args.length, "d_model": args.d_model}
+        viz.plot_positional_encoding(**{k: v for k, v in options.items() if v is not None}, out=out)
+    else:
+        from .train.config import RunConfig
+
+        run = RunConfig.from_yaml(args.config) if args.config else RunConfig()  # no config: the paper's base
+        out = args.out or "lr.png"
+        d_model = run.model_config(run.train.vocab_size).d_model
+        steps = args.steps or run.train.max_steps
+        viz.plot_schedule(d_model, run.train.warmup, run.train.lr_scale, steps=steps, out=out)
+    print(f"written {out}")
     return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from .viz import plot_attention, translation_attention
+
+    model, tokenizer = _load_model(args.model)
+    maps = translation_attention(model, tokenizer, args.sentence)
+    plot_attention(maps, kinds=args.kind, layers=args.layers, heads=args.heads, out=args.out)
+    print(f"{maps.sentence}  ->  {maps.translation}")
+    print(f"written {args.out}")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,2") from None
+
+
+def _attention_kinds(text: str) -> list[str]:
+    from .viz import ATTENTION_KINDS
+
+    kinds = text.split(",")
+    if not all(k in ATTENTION_KINDS for k in kinds):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(ATTENTION_KINDS)}, comma-separated")
+    return kinds
 
 
 def _average(args: argparse.Namespace) -> int:
@@ -136,6 +251,17 @@ def _average(args: argparse.Namespace) -> int:
         Tokenizer.load(tokenizer).save(Path(args.out) / TOKENIZER_NAME)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--beam", type=int, default=4, help="beam size, 1 = greedy (default %(default)s, §6.1)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default %(default)s)")
+    parser.add_argument(
+        "--max-len-a", type=int, default=50, help="outputs may be this many tokens longer than the source (%(default)s)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch (default %(default)s)")
+    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the Linear layers (CPU)")
+    parser.add_argument("--device", help="cpu (default) or cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train",
-        help="train a translation model",
+        help="train a model: translation, or a causal or masked language model (train.task)",
         description="Train with a YAML preset; override any field with --SECTION.NAME VALUE, "
         "e.g. --train.max_steps 100 --model.N 3.",
     )
@@ -167,26 +293,101 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     train.set_defaults(func=_train, takes_overrides=True)
 
-    evaluate = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU (BLEU, chrF)")
+    evaluate = sub.add_parser(
+        "evaluate", help="translate a test set; print sacreBLEU BLEU and chrF and the references' perplexity"
+    )
     evaluate.add_argument(
         "--model", required=True, help="model directory (config.json, model.safetensors, tokenizer.json)"
     )
-    evaluate.add_argument("--src", required=True, help="source sentences, one per line")
-    evaluate.add_argument("--ref", required=True, help="reference translations, one per line")
+    evaluate.add_argument("--split", default="test", help="with --data: the split to score (default %(default)s)")
+    evaluate.add_argument("--data", default="data/ding", help="directory of {split}.{lang} files (%(default)s)")
+    evaluate.add_argument("--src-lang", default="de", help="source language suffix (default %(default)s)")
+    evaluate.add_argument("--tgt-lang", default="en", help="target language suffix (default %(default)s)")
+    evaluate.add_argument("--src", help="source sentences, one per line (instead of --split)")
+    evaluate.add_argument("--ref", help="reference translations, one per line (with --src)")
     evaluate.add_argument("--output", help="write the translations here")
     evaluate.add_argument("--samples", type=int, default=0, help="print this many example translations")
+    _add_search_arguments(evaluate)
     evaluate.set_defaults(func=_evaluate)
 
-    translate = sub.add_parser("translate", help="translate sentences (arguments, --input FILE, or stdin)")
+    translate = sub.add_parser(
+        "translate", help="translate sentences (arguments, --input FILE, or stdin), one output line per input line"
+    )
     translate.add_argument("--model", required=True, help="model directory")
     translate.add_argument("--input", help="a file with one sentence per line")
+    translate.add_argument(
+        "--nbest", type=int, default=1, help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1)"
+    )
     translate.add_argument("sentences", nargs="*", help="sentences to translate")
+    _add_search_arguments(translate)
     translate.set_defaults(func=_translate)
 
-    plot = sub.add_parser("plot", help="draw a run's loss, learning rate, perplexity and BLEU curves to PNG")
-    plot.add_argument("run", help="run directory (with metrics.jsonl)")
-    plot.add_argument("--out", help="PNG path (default RUN/curves.png)")
+    generate = sub.add_parser("generate", help="continue prompts with a decoder-only language model (sampling)")
+    generate.add_argument("--model", required=True, help="model directory of a DecoderOnly (train.task lm)")
+    generate.add_argument("prompts", nargs="+", help='texts to continue ("" for unconditional samples)')
+    generate.add_argument("--max-new-tokens", type=int, default=40, help="the most new tokens (default %(default)s)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default %(default)s)")
+    generate.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = all (default)")
+    generate.add_argument(
+        "--top-p", type=float, default=0.9, help="keep the smallest set with this mass; 1 = all (default %(default)s)"
+    )
+    generate.add_argument("--seed", type=int, help="random seed, for reproducible samples")
+    generate.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default %(default)s)")
+    generate.set_defaults(func=_generate)
+
+    fill = sub.add_parser("fill-mask", help="the most likely fillers of <mask> with an encoder-only masked LM")
+    fill.add_argument("--model", required=True, help="model directory of an EncoderOnly (train.task mlm)")
+    fill.add_argument("texts", nargs="+", help='texts with <mask>, e.g. "Das ist ein <mask> Haus."')
+    fill.add_argument("--top-k", type=int, default=5, help="fillers per mask (default %(default)s)")
+    fill.set_defaults(func=_fill_mask)
+
+    plot = sub.add_parser(
+        "plot",
+        help="draw a run's curves, the positional encodings or a learning-rate schedule to PNG",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="aiayn plot RUN_DIR                          a run's loss, learning rate, perplexity and BLEU\n"
+        "aiayn plot pe [--length L] [--d-model D]    the sinusoidal positional encodings (§3.5)\n"
+        "aiayn plot lr [--config FILE] [--steps N]   the learning-rate schedule (§5.3) of a config\n\n"
+        "pe and lr are reserved words: write a run directory of that name as ./pe or ./lr.",
+    )
+    plot.add_argument("what", metavar="RUN_DIR|pe|lr", help="a run directory (with metrics.jsonl), pe or lr")
+    plot.add_argument("--out", metavar="PNG", help="PNG path (default RUN_DIR/curves.png, pe.png, lr.png)")
+    pe = plot.add_argument_group("positional encodings (plot pe)")
+    pe.add_argument("--length", type=int, metavar="L", help="positions, the rows (default 100)")
+    pe.add_argument("--d-model", type=int, metavar="D", help="dimensions, the columns (default 64)")
+    lr = plot.add_argument_group("learning-rate schedule (plot lr)")
+    lr.add_argument(
+        "--config", metavar="FILE", help="YAML preset: its d_model, warmup, lr_scale (default: the paper's)"
+    )
+    lr.add_argument(
+        "--steps", type=int, metavar="N", help="steps on the x axis (default train.max_steps, else 10 × warmup)"
+    )
     plot.set_defaults(func=_plot)
+
+    attention = sub.add_parser(
+        "attention",
+        help="translate a sentence and draw every head's attention maps to PNG",
+        description="Translate SENTENCE greedily and draw the attention weights the model used: a grid with a "
+        "row per kind and layer and a column per head, the tokens on both axes.",
+    )
+    attention.add_argument("--model", required=True, metavar="DIR", help="model directory")
+    attention.add_argument("sentence", help="the source sentence")
+    attention.add_argument("--out", default="attention.png", metavar="PNG", help="PNG path (default %(default)s)")
+    attention.add_argument(
+        "--kind",
+        type=_attention_kinds,
+        metavar="KINDS",
+        default=["enc", "dec", "cross"],
+        help="enc (encoder self-attention), dec (decoder self-attention), cross (encoder-decoder attention); "
+        "comma-separated (default: all three)",
+    )
+    attention.add_argument(
+        "--layers", type=_int_list, metavar="LIST", help="layers from 0, comma-separated, e.g. 0,2 (default: all)"
+    )
+    attention.add_argument(
+        "--heads", type=_int_list, metavar="LIST", help="heads from 0, comma-separated, e.g. 0,1 (default: all)"
+    )
+    attention.set_defaults(func=_attention)
 
     average = sub.add_parser("average", help="average the parameters of checkpoints (§6.1)")
     average.add_argument("checkpoints", nargs="+", help="checkpoint directories")
@@ -208,10 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"aiayn {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        if getattr(args, "takes_overrides", False):
-            return args.func(args, rest)
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            if getattr(args, "takes_overrides", False):
+                return args.func(args, rest)
+            return args.func(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 1

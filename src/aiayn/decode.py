@@ -297,3 +297,147 @@ def translate_ids(
     if bar is not None:
         bar.close()
     return results
+
+
+# Sampling from a decoder-only language model; filling masks with an encoder-only one ---------
+#
+# Not in the paper. Legend for this section: B samples, T prompt length (BOS included), L new
+# tokens, V vocabulary, M masks.
+
+from .model import DecoderOnly, EncoderOnly  # noqa: E402
+
+__all__ += ["filter_logits", "sample_next", "sample", "generate_ids", "fill_mask"]
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Top-k and nucleus (top-p) filtering: the logits of every token outside the ``top_k`` most
+    likely (Fan et al., 2018), and outside the nucleus, the smallest set of most likely tokens
+    whose probability reaches ``top_p`` (Holtzman et al., 2020), become -inf. Top-k is applied
+    first, so the nucleus is taken of the renormalised top k. ``None`` (or ``top_k`` 0,
+    ``top_p`` 1) turns a filter off; the most likely token always stays.
+
+    Shape: ``(B, V) -> (B, V)``.
+    """
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k and top_k < logits.size(-1):
+        # exactly k, even with ties at the k-th value
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(dim=-1)  # (B, V)
+        before = probs.cumsum(dim=-1) - probs  # (B, V): the mass of the more likely tokens
+        drop = (before >= top_p).scatter(-1, order, before >= top_p)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Draw a token per row from softmax(logits / temperature), after ``filter_logits``.
+    Temperature 0 takes the most likely token (greedy), the limit of temperature -> 0.
+
+    Shape: ``(B, V) -> (B,)``.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: DecoderOnly,
+    prompt: Tensor,
+    max_new_tokens: int = 50,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue prompts one token at a time on the KV cache: the prompt is read in one pass,
+    then each new token alone, attending to the cached keys and values.
+
+    Args:
+        model: a ``DecoderOnly`` causal language model (put it in eval mode first).
+        prompt: ``(B, T)`` token ids starting with BOS, no padding (prompts of one length).
+        max_new_tokens: the most new tokens, EOS included; also at most ``config.max_len``
+            positions in all.
+        temperature, top_k, top_p: as ``sample_next``; temperature 0 is greedy.
+        generator: seeds the draws (on the model's device), for reproducible samples.
+
+    Returns:
+        ``(B, L)`` new token ids, each row ending in EOS unless it hit the limit; positions
+        after EOS hold ``pad_id``. Padding is never drawn.
+    """
+    config = model.config
+    max_new_tokens = min(max_new_tokens, config.max_len - prompt.size(1))
+    B = prompt.size(0)
+    if max_new_tokens <= 0:
+        return prompt.new_empty(B, 0)
+    cache = model.init_cache()
+    logits = model.decode(prompt, cache=cache).logits[:, -1]  # (B, V)
+    finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
+    out = []
+    for step in range(max_new_tokens):
+        logits[:, config.pad_id] = float("-inf")
+        token = sample_next(logits, temperature, top_k, top_p, generator).masked_fill(finished, config.pad_id)  # (B,)
+        out.append(token)
+        finished |= token == config.eos_id
+        if finished.all() or step == max_new_tokens - 1:
+            break
+        logits = model.decode(token[:, None], cache=cache).logits[:, -1]  # (B, V)
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def generate_ids(
+    model: DecoderOnly,
+    prompt: Sequence[int],
+    num_samples: int = 1,
+    max_new_tokens: int = 50,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> list[list[int]]:
+    """``num_samples`` continuations of one prompt (token ids without BOS, possibly none), cut at
+    EOS (exclusive). A ``seed`` makes them reproducible."""
+    config = model.config
+    device = next(model.parameters()).device
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    tokens = torch.tensor([[config.bos_id, *prompt]] * num_samples, dtype=torch.long, device=device)  # (B, T)
+    out = sample(model, tokens, max_new_tokens, temperature, top_k, top_p, generator).tolist()
+    return [row[: row.index(config.eos_id)] if config.eos_id in row else row for row in out]
+
+
+@torch.no_grad()
+def fill_mask(model: EncoderOnly, ids: Sequence[int], mask_id: int, top_k: int = 5) -> list[list[tuple[int, float]]]:
+    """The ``top_k`` most likely tokens at each ``mask_id`` of ``ids`` (a text's tokens without
+    EOS; EOS is appended, as in training), with their probabilities, most likely first. One
+    pass: every mask is predicted from the text around it, several masks not jointly.
+
+    Shape: ``ids`` of length L with M masks -> M lists of ``top_k`` (token id, probability).
+    """
+    config = model.config
+    device = next(model.parameters()).device
+    tokens = torch.tensor([[*ids, config.eos_id]], dtype=torch.long, device=device)  # (1, L + 1)
+    select = tokens == mask_id  # (1, L + 1)
+    if not select.any():
+        raise ValueError("fill_mask: the text has no mask token")
+    probs = model(tokens, select=select).float().softmax(dim=-1)  # (M, V)
+    top = probs.topk(min(top_k, probs.size(-1)), dim=-1)
+    return [
+        list(zip(indices, values, strict=True))
+        for indices, values in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+    ]

@@ -1,11 +1,42 @@
-"""Plots people would rather look at than numbers: training curves (and, later, attention maps)."""
+"""Plots people would rather look at than numbers: training curves, attention maps (§3.2),
+the positional encodings (§3.5) and the learning-rate schedule (§5.3).
+
+Legend: S source length, T target length, H heads.
+
+The plots other than ``plot_run`` return a ``matplotlib.figure.Figure`` made without pyplot
+(no global state, no backend switch, nothing to close); ``out`` also saves it as a PNG (Agg).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
-__all__ = ["plot_run"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .data.tokenizer import Tokenizer
+    from .model import Transformer
+    from .model.transformer import Attention
+
+__all__ = [
+    "plot_run",
+    "ATTENTION_KINDS",
+    "TranslationAttention",
+    "translation_attention",
+    "plot_attention",
+    "plot_positional_encoding",
+    "plot_schedule",
+]
+
+# kind -> (field of ``Attention``, title)
+ATTENTION_KINDS = {
+    "enc": ("encoder", "encoder self-attention"),
+    "dec": ("decoder_self", "decoder self-attention"),
+    "cross": ("decoder_cross", "encoder-decoder attention"),
+}
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -64,3 +95,162 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+class TranslationAttention(NamedTuple):
+    """Every attention map of a model translating one sentence (``translation_attention``)."""
+
+    sentence: str
+    translation: str
+    source: list[str]  # S source tokens, ending in </s>
+    target: list[str]  # T decoder inputs: <s> and the output tokens, one per decoding step
+    attention: Attention  # per layer: encoder (H, S, S), decoder_self (H, T, T), decoder_cross (H, T, S)
+
+
+def translation_attention(
+    model: Transformer, tokenizer: Tokenizer, sentence: str, max_len: int | None = None
+) -> TranslationAttention:
+    """Translate ``sentence`` greedily, then run the model teacher-forced on the source and its
+    own output to get every layer's attention weights (§3.2.3: the three uses of attention).
+
+    The decoder inputs are ``<s>`` and the output tokens up to, not including, ``</s>``: one row
+    per decoding step, the step that predicted the next token. Put the model in eval mode first.
+    ``max_len`` caps the output tokens (default: source length + 50, §6.1).
+    """
+    import torch
+
+    from .decode import greedy_decode
+    from .model.transformer import Attention
+
+    config = model.config
+    device = next(model.parameters()).device
+    src = torch.tensor([[*tokenizer.encode(sentence), config.eos_id]], device=device)  # (1, S)
+    output = greedy_decode(model, src, max_len=max_len)[0].tolist()
+    steps = output.index(config.eos_id) + 1 if config.eos_id in output else len(output)
+    tgt = [config.bos_id, *output][: max(steps, 1)]  # the tokens fed to the decoder while translating
+    with torch.no_grad():
+        _, attention = model(src, torch.tensor([tgt], device=device), return_attention=True)
+    per_layer = [None if weights is None else [w[0].float().cpu() for w in weights] for weights in attention]
+    return TranslationAttention(
+        sentence=sentence,
+        translation=tokenizer.decode(output),
+        source=tokenizer.pieces(src[0].tolist()),
+        target=tokenizer.pieces(tgt),
+        attention=Attention(*per_layer),  # without the batch dimension
+    )
+
+
+def _select(chosen: Sequence[int] | None, count: int, what: str) -> list[int]:
+    if chosen is None:
+        return list(range(count))
+    chosen = list(chosen)
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad or not chosen:
+        raise ValueError(f"{what} {bad or chosen}: the model has {count} {what} (0 to {count - 1})")
+    return chosen
+
+
+def plot_attention(
+    maps: TranslationAttention,
+    kinds: Sequence[str] = ("enc", "dec", "cross"),
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    out: str | Path | None = None,
+) -> Figure:
+    """A grid of attention heatmaps (§3.2.3): one row per kind and layer, one column per head.
+
+    Each panel shows ``softmax(QKᵀ/√d_k)`` of one head: a row per query, a column per key, each
+    row summing to 1, with the tokens on both axes. ``kinds`` are ``enc`` (encoder
+    self-attention, source × source), ``dec`` (decoder masked self-attention, target × target)
+    and ``cross`` (encoder-decoder attention, target × source); ``layers`` and ``heads`` count
+    from 0 (default: all). Colour runs from 0 to 1 in every panel, so heads compare directly.
+
+    Returns the figure, with ``len(kinds) · len(layers) · len(heads)`` axes; saved as a PNG
+    at ``out`` if given.
+    """
+    from matplotlib.figure import Figure
+
+    unknown = [k for k in kinds if k not in ATTENTION_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"attention kinds {unknown or list(kinds)}: choose from {', '.join(ATTENTION_KINDS)}")
+    grid = []  # one row of panels per kind and layer: (title, weights (query, key), query tokens, key tokens)
+    for kind in kinds:
+        field, title = ATTENTION_KINDS[kind]
+        weights = getattr(maps.attention, field)
+        if weights is None:
+            raise ValueError(f"this model has no {title}")
+        rows = maps.source if kind == "enc" else maps.target
+        columns = maps.target if kind == "dec" else maps.source
+        for layer in _select(layers, len(weights), f"{kind} layers"):
+            heads_of = _select(heads, weights[layer].size(0), "heads")
+            grid.append([(f"{title}, layer {layer}, head {h}", weights[layer][h], rows, columns) for h in heads_of])
+    size = 1.5 + 0.2 * max(len(maps.source), len(maps.target))  # inches per panel: room for the tick labels
+    fig = Figure(figsize=(size * len(grid[0]), size * len(grid) + 0.6), layout="constrained")
+    fig.suptitle(f"{maps.sentence}  →  {maps.translation}", fontsize=10)
+    axes = fig.subplots(len(grid), len(grid[0]), squeeze=False)
+    for row_axes, row in zip(axes, grid, strict=True):
+        for ax, (title, weights, rows, columns) in zip(row_axes, row, strict=True):
+            ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_xticks(range(len(columns)), labels=columns, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(rows)), labels=rows, fontsize=7)
+            ax.set_title(title, fontsize=8)
+    if out is not None:
+        fig.savefig(out, dpi=100)
+    return fig
+
+
+def plot_positional_encoding(
+    length: int = 100, d_model: int = 64, base: float = 10000.0, out: str | Path | None = None
+) -> Figure:
+    """The sinusoidal positional encodings PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+    PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (§3.5) as a heatmap: a row per position, a
+    column per dimension. Returns the figure; saved as a PNG at ``out`` if given."""
+    from matplotlib.figure import Figure
+
+    from .model.embedding import sinusoidal_encoding
+
+    if length <= 0 or d_model <= 0:
+        raise ValueError(f"length and d_model must be positive, got {length} and {d_model}")
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(sinusoidal_encoding(length, d_model, base).numpy(), cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    ax.set(
+        xlabel="dimension (even: sin, odd: cos)",
+        ylabel="position",
+        title=f"positional encoding (§3.5), d_model = {d_model}",
+    )
+    fig.colorbar(image, ax=ax)
+    if out is not None:
+        fig.savefig(out, dpi=100)
+    return fig
+
+
+def plot_schedule(
+    d_model: int, warmup: int = 4000, scale: float = 1.0, steps: int | None = None, out: str | Path | None = None
+) -> Figure:
+    """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, eq. 3) for steps
+    1 to ``steps`` (default 10 · warmup): a linear rise to the peak at ``warmup``, then an
+    inverse-square-root decay. Returns the figure; saved as a PNG at ``out`` if given."""
+    from matplotlib.figure import Figure
+
+    from .train.schedule import paper_lr
+
+    steps = 10 * warmup if steps is None else steps
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    x = list(range(1, steps + 1))
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(x, [paper_lr(step, d_model, warmup, scale) for step in x])
+    if warmup <= steps:
+        peak = paper_lr(warmup, d_model, warmup, scale)
+        ax.axvline(warmup, color="grey", ls=":", label=f"warmup = {warmup}: peak {peak:.3g}")
+        ax.legend()
+    ax.set(
+        xlabel="step",
+        ylabel="learning rate",
+        title=f"learning rate (§5.3): d_model = {d_model}, warmup = {warmup}, scale = {scale:g}",
+    )
+    if out is not None:
+        fig.savefig(out, dpi=100)
+    return fig

@@ -68,3 +68,14 @@ def test_load_errors_name_the_file(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"bad\.json"):
         Tokenizer.load(bad)
+
+
+def test_pieces_are_readable_and_spell_the_text(tokenizer):
+    text = "Die Straße ist naß, schön!"
+    pieces = tokenizer.pieces([tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id])
+    assert pieces[0] == "<s>" and pieces[-1] == "</s>" and pieces[1].startswith("▁")
+    assert "".join(pieces[1:-1]).replace("▁", " ") == " " + text
+    # a character never seen in training is split into bytes, each shown as \xNN
+    assert tokenizer.pieces(tokenizer.encode("日"))[-3:] == ["\\xe6", "\\x97", "\\xa5"]
+    with pytest.raises(ValueError, match="no token has id"):
+        tokenizer.pieces([tokenizer.vocab_size])

@@ -7,7 +7,11 @@ padded size, ``sentences × longest sentence``, stays within ``max_tokens`` on e
 epoch visits the batches in a new seeded order. Everything is a function of the seed and the
 epoch number, so a run can resume at any batch.
 
-Legend: B sentences in a batch, S source length, T target length (with BOS or EOS).
+The language models batch monolingual sequences the same way, each one's length given for
+both sides (``TextBatch``, ``collate_text``).
+
+Legend: B sentences in a batch, S source length, T target length (with BOS or EOS), L length
+of a monolingual sequence.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "TokenBatcher", "collate", "padding_fraction"]
+__all__ = ["Batch", "TextBatch", "TokenBatcher", "collate", "collate_text", "padding_fraction"]
 
 
 @dataclass
@@ -40,8 +44,37 @@ class Batch:
     def num_src_tokens(self) -> int:
         return int((self.src != self.pad_id).sum())
 
+    @property
+    def num_positions(self) -> int:
+        """Non-pad positions the model reads, source and target (for throughput)."""
+        return self.num_src_tokens + self.num_tokens
+
     def to(self, device: torch.device | str) -> Batch:
         return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.pad_id)
+
+
+@dataclass
+class TextBatch:
+    """A padded batch of monolingual sequences: the model reads ``inputs`` ``(B, L)`` and is scored
+    against ``targets`` ``(B, L)`` where a target is not ``pad_id``. A causal LM's targets are its
+    inputs shifted by one; a masked LM's are the original tokens at the masked positions only."""
+
+    inputs: Tensor
+    targets: Tensor
+    pad_id: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions that are predicted (the loss normaliser)."""
+        return int((self.targets != self.pad_id).sum())
+
+    @property
+    def num_positions(self) -> int:
+        """Non-pad positions the model reads (for throughput)."""
+        return int((self.inputs != self.pad_id).sum())
+
+    def to(self, device: torch.device | str) -> TextBatch:
+        return TextBatch(self.inputs.to(device), self.targets.to(device), self.pad_id)
 
 
 def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, bos_id: int, eos_id: int) -> Batch:
@@ -57,6 +90,14 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, b
         tgt_in[b, : len(t) + 1] = torch.tensor([bos_id, *t])
         tgt_out[b, : len(t) + 1] = torch.tensor([*t, eos_id])
     return Batch(src, tgt_in, tgt_out, pad_id)
+
+
+def collate_text(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
+    """Right-pad token sequences (already framed with any BOS/EOS) into ``(B, L)``."""
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
+    for b, s in enumerate(sequences):
+        out[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
 
 
 class TokenBatcher:

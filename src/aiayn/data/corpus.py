@@ -1,8 +1,9 @@
-"""Readers for users' own parallel corpora: two aligned text files, TSV, JSON lines, Hugging Face.
+"""Readers for users' own parallel corpora: two aligned text files, TSV, JSON lines, Hugging Face;
+and plain monolingual text (for the language models).
 
-Every reader returns ``(pairs, report)``: a list of ``(source, target)`` strings and a
-:class:`ReadReport` that counts what was read and every pair that was skipped, and why. Nothing
-is dropped silently:
+Every parallel reader returns ``(pairs, report)``: a list of ``(source, target)`` strings and a
+:class:`ReadReport` that counts what was read and every pair that was skipped, and why
+(``read_text`` returns texts, with the same report). Nothing is dropped silently:
 
 - a pair with an empty (whitespace-only) side is skipped and counted;
 - a pair with a side longer than ``max_chars`` characters is skipped and counted;
@@ -28,6 +29,7 @@ __all__ = [
     "read_parallel",
     "read_tsv",
     "read_jsonl",
+    "read_text",
     "load_hf_dataset",
 ]
 
@@ -57,6 +59,7 @@ class ReadReport:
     skipped_malformed: int = 0
     skipped_too_long: int = 0
     max_chars: int | None = None
+    unit: str = "pairs"  # what ``pairs`` counts ("texts" for read_text)
 
     @property
     def skipped(self) -> int:
@@ -73,7 +76,7 @@ class ReadReport:
         ]
         detail = ", ".join(f"{n:,} {why}" for n, why in reasons if n)
         skipped = f"skipped {self.skipped:,} ({detail})" if self.skipped else "skipped none"
-        return f"{names}: {self.pairs:,} pairs from {self.lines:,} lines; {skipped}"
+        return f"{names}: {self.pairs:,} {self.unit} from {self.lines:,} lines; {skipped}"
 
 
 class _Collector:
@@ -174,6 +177,24 @@ def _text_lines(path: PathLike, collector: _Collector) -> Iterator[tuple[int, st
             collector.report.skipped_empty += 1
             continue
         yield i, text
+
+
+def read_text(
+    path: PathLike, on_error: OnError = "raise", max_chars: int | None = None
+) -> tuple[list[str], ReadReport]:
+    """Read plain text, one example (a sentence, a paragraph) a line, each stripped of surrounding
+    whitespace. Blank lines are skipped as empty; ``report.pairs`` counts the texts kept."""
+    collector = _Collector((str(path),), on_error, max_chars)
+    collector.report.unit = "texts"
+    texts = []
+    for _, text in _text_lines(path, collector):
+        text = text.strip()
+        if max_chars is not None and len(text) > max_chars:
+            collector.report.skipped_too_long += 1
+            continue
+        texts.append(text)
+        collector.report.pairs += 1
+    return texts, collector.report
 
 
 def read_tsv(

@@ -6,10 +6,17 @@ stripped). Saved as ``tokenizer.json`` beside the model.
 
 Special tokens have fixed ids, matching ``ModelConfig``'s defaults:
 ``<pad>`` 0, ``<s>`` (BOS) 1, ``</s>`` (EOS) 2, ``<unk>`` 3, ``<mask>`` 4.
+
+The literal text ``<mask>`` encodes as the mask token (for ``aiayn fill-mask``), as the masked
+LM saw a masked word in training: the whitespace before it is dropped, because the masked token
+carries its own leading space (``Ġhouse``; RoBERTa's mask token strips left likewise), and the
+text after it gets no prefix space. "a <mask> house." reads ``Ġa <mask> Ġhouse .`` and "a
+<mask>." ``Ġa <mask> .``, not ``Ġa Ġ <mask> Ġhouse .`` and ``Ġa Ġ <mask> Ġ .``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -20,6 +27,19 @@ __all__ = ["Tokenizer", "SPECIAL_TOKENS", "TOKENIZER_NAME"]
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 TOKENIZER_NAME = "tokenizer.json"
+MASK_TOKEN = "<mask>"
+_SPACE_BEFORE_MASK = re.compile(r"\s+(?=<mask>)")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-character table, in which byte-level BPE writes its tokens:
+    printable Latin-1 bytes stand for themselves, the others are shifted to U+0100 and up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+_BYTE_DECODER = _byte_decoder()
 
 
 class Tokenizer:
@@ -32,6 +52,7 @@ class Tokenizer:
             if hf.token_to_id(token) != i:
                 raise ValueError(f"tokenizer: special token {token} must have id {i}")
         self.hf = hf
+        self._continuation: HFTokenizer | None = None  # the same BPE without the prefix space
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
@@ -55,10 +76,34 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS)."""
-        return self.hf.encode(text.strip(), add_special_tokens=False).ids
+        text = text.strip()
+        if MASK_TOKEN in text:
+            return self._encode_masked(text)[0]
+        return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+        texts = [t.strip() for t in texts]
+        encodings = self.hf.encode_batch(texts, add_special_tokens=False)
+        return [self._encode_masked(t)[0] if MASK_TOKEN in t else e.ids for t, e in zip(texts, encodings, strict=True)]
+
+    def _encode_masked(self, text: str) -> tuple[list[int], list[str]]:
+        """Ids and token strings of stripped ``text`` holding a literal ``<mask>``: the pieces
+        around the masks are encoded apart, the first as any text, the others as continuations
+        (no prefix space), the whitespace before each mask dropped (see the module docstring)."""
+        if self._continuation is None:
+            self._continuation = HFTokenizer.from_str(self.hf.to_str())
+            self._continuation.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        ids: list[int] = []
+        tokens: list[str] = []
+        for i, piece in enumerate(_SPACE_BEFORE_MASK.sub("", text).split(MASK_TOKEN)):
+            if i:
+                ids.append(self.mask_id)
+                tokens.append(MASK_TOKEN)
+            if piece:
+                encoding = (self._continuation if i else self.hf).encode(piece, add_special_tokens=False)
+                ids += encoding.ids
+                tokens += encoding.tokens
+        return ids, tokens
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, stopping at the first EOS and skipping the other special tokens."""
@@ -73,7 +118,24 @@ class Tokenizer:
 
     def tokens(self, text: str) -> list[str]:
         """The subword strings of ``text`` (for display, e.g. attention maps)."""
-        return self.hf.encode(text.strip(), add_special_tokens=False).tokens
+        text = text.strip()
+        if MASK_TOKEN in text:
+            return self._encode_masked(text)[1]
+        return self.hf.encode(text, add_special_tokens=False).tokens
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """One display string per id (e.g. attention-map labels): special tokens as written,
+        the space that starts a word as ``▁``, a byte that is only part of a character as ``\\xNN``."""
+        pieces = []
+        for i in ids:
+            token = self.hf.id_to_token(i)
+            if token is None:
+                raise ValueError(f"tokenizer: no token has id {i} (vocabulary size {self.vocab_size})")
+            if i >= len(SPECIAL_TOKENS) and all(c in _BYTE_DECODER for c in token):
+                token = bytes(_BYTE_DECODER[c] for c in token).decode("utf-8", errors="backslashreplace")
+                token = token.replace(" ", "▁")
+            pieces.append(token)
+        return pieces
 
     def save(self, path: str | Path) -> None:
         from ..model.pretrained import atomic_write

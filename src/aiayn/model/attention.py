@@ -199,6 +199,11 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.h, d).transpose(1, 2)  # (B, L, H*D) -> (B, H, L, D)
 
+    def project_q(self, x: Tensor) -> Tensor:
+        """Q = x W^Q of encoder-decoder attention, split into heads: ``(B, T, d_model) -> (B, H, T, D_k)``."""
+        q_size = self.h * self.d_k
+        return self._heads(F.linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size]), self.d_k)
+
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``."""
         q_size = self.h * self.d_k
@@ -228,8 +233,7 @@ class MultiHeadAttention(nn.Module):
         """
         q_size, k_size = self.h * self.d_k, self.h * self.d_k
         if self.cross:
-            q = F.linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size])  # (B, T, H*D_k)
-            q = self._heads(q, self.d_k)  # (B, H, T, D_k)
+            q = self.project_q(x)  # (B, H, T, D_k)
             if cache is not None and cache.static:
                 k, v = cache.k, cache.v
             else:

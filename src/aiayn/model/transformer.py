@@ -303,18 +303,32 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         """An empty KV cache for incremental decoding."""
         return KVCache(len(self.decoder.layers))
 
-    def decode(self, tokens: Tensor, cache: KVCache | None = None, return_attention: bool = False) -> DecoderOutput:
+    def decode(
+        self,
+        tokens: Tensor,
+        cache: KVCache | None = None,
+        return_attention: bool = False,
+        select: Tensor | None = None,
+    ) -> DecoderOutput:
         """Next-token logits. Without a cache, ``tokens`` ``(B, T)`` is the whole sequence
-        (causal and padding masks); with one, only the new tokens. Shape: logits ``(B, T, V)``."""
+        (causal and padding masks); with one, only the new tokens. ``select`` ``(B, T)``
+        (boolean) computes the logits only at the selected positions, as ``(N, V)``.
+
+        Shape: logits ``(B, T, V)``, or ``(N, V)`` with ``select``."""
         offset, self_mask = _decoder_self_mask(self.config, tokens, cache)
         x = self.dropout(self.positional(self.embedding(tokens), offset))  # (B, T, d_model)
         x, self_attention, _ = self.decoder(x, self_mask=self_mask, cache=cache, return_attention=return_attention)
+        if select is not None:
+            x = x[select]  # (N, d_model): skip the output projection at padding
         logits = self.embedding.project(x) if self.output_projection is None else self.output_projection(x)
         return DecoderOutput(logits, cache, self_attention, None)
 
-    def forward(self, tokens: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
-        """Shape: ``(B, T)`` -> logits ``(B, T, V)`` (position t predicts token t + 1)."""
-        out = self.decode(tokens, return_attention=return_attention)
+    def forward(
+        self, tokens: Tensor, return_attention: bool = False, select: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Attention]:
+        """Shape: ``(B, T)`` -> logits ``(B, T, V)`` (position t predicts token t + 1), or
+        ``(N, V)`` at the positions where ``select`` ``(B, T)`` is True."""
+        out = self.decode(tokens, return_attention=return_attention, select=select)
         if return_attention:
             return out.logits, Attention(None, out.self_attention, None)
         return out.logits
@@ -322,7 +336,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
 
 class MaskedLMHead(nn.Module):
     """The masked-LM head of BERT: dense + activation + LayerNorm, then the (tied) vocabulary
-    projection with a bias. Shape: ``(B, L, d_model) -> (B, L, V)``."""
+    projection with a bias. Shape: ``(..., d_model) -> (..., V)``, e.g. ``(B, L, d_model) -> (B, L, V)``."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -360,10 +374,14 @@ class EncoderOnly(PretrainedMixin, nn.Module):
         x, attention = self.encoder(x, self_mask, return_attention)
         return EncoderOutput(x, mask, attention)
 
-    def forward(self, tokens: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Attention]:
-        """Masked-LM logits. Shape: ``(B, L)`` -> ``(B, L, V)``."""
+    def forward(
+        self, tokens: Tensor, return_attention: bool = False, select: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Attention]:
+        """Masked-LM logits. Shape: ``(B, L)`` -> ``(B, L, V)``, or ``(N, V)`` at the positions
+        where ``select`` ``(B, L)`` is True (in training, the masked ones: the head is costly)."""
         enc = self.encode(tokens, return_attention)
-        logits = self.mlm_head(enc.memory, self.embedding)
+        memory = enc.memory if select is None else enc.memory[select]  # (B, L, d_model) or (N, d_model)
+        logits = self.mlm_head(memory, self.embedding)
         if return_attention:
             return logits, Attention(enc.attention, None, None)
         return logits

@@ -1,7 +1,10 @@
 """Run configuration: data, tokenizer, model and training settings, read from YAML.
 
 A run is ``RunConfig(data, model, train)``: ``model`` holds ``ModelConfig`` fields (the
-vocabulary size comes from the tokenizer). YAML presets live in ``configs/``; command-line
+vocabulary size comes from the tokenizer). ``train.task`` says what is trained: ``translation``
+(the paper's encoder-decoder ``Transformer`` on parallel text), ``lm`` (a ``DecoderOnly`` causal
+language model) or ``mlm`` (an ``EncoderOnly`` masked language model), the last two on
+monolingual text (``data.format: text``). YAML presets live in ``configs/``; command-line
 overrides such as ``--train.max_steps 100`` or ``--model.d_model 256`` make a new config.
 """
 
@@ -16,20 +19,26 @@ import yaml
 
 from ..model.config import ModelConfig
 
-__all__ = ["DataConfig", "TrainConfig", "RunConfig", "parse_overrides"]
+__all__ = ["DataConfig", "TrainConfig", "RunConfig", "TASKS", "parse_overrides"]
+
+TASKS = ("translation", "lm", "mlm")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the parallel text comes from.
+    """Where the text comes from.
 
     ``format``:
     - ``parallel``: plain-text files ``{dir}/{split}.{src_lang}`` and ``{dir}/{split}.{tgt_lang}``
       (what ``aiayn data ding`` writes), or explicit ``train_src``/``train_tgt``/... paths;
     - ``tsv`` / ``jsonl``: ``{dir}/{split}.tsv`` / ``{dir}/{split}.jsonl`` or explicit paths;
-    - ``hf``: a Hugging Face dataset ``hf_name`` (``hf_config``), splits by name.
+    - ``hf``: a Hugging Face dataset ``hf_name`` (``hf_config``), splits by name;
+    - ``text``: monolingual text for the language models, one example a line:
+      ``{dir}/{split}.{lang}`` (one side of a parallel corpus, e.g. Ding's English) or explicit
+      ``train_text``/``dev_text``/``test_text`` paths (any text file).
     ``phrases`` > 0 mixes in ``{dir}/phrases.{lang}`` pairs (Ding's dictionary entries), at most
-    that many per sentence pair. Pairs longer than ``max_len`` tokens are skipped and counted.
+    that many per sentence pair (parallel formats only). Examples longer than ``max_len`` tokens
+    are skipped and counted.
     """
 
     format: str = "parallel"
@@ -48,10 +57,16 @@ class DataConfig:
     max_len: int = 128
     on_error: str = "raise"
     dev_size: int | None = None  # evaluate on the first N dev pairs (None: all)
+    lang: str = "en"  # format text: the language suffix of {dir}/{split}.{lang}
+    train_text: str | None = None
+    dev_text: str | None = None
+    test_text: str | None = None
 
     def __post_init__(self) -> None:
-        if self.format not in ("parallel", "tsv", "jsonl", "hf"):
-            raise ValueError(f"data.format must be parallel, tsv, jsonl or hf, got {self.format!r}")
+        if self.format not in ("parallel", "tsv", "jsonl", "hf", "text"):
+            raise ValueError(f"data.format must be parallel, tsv, jsonl, hf or text, got {self.format!r}")
+        if self.format == "text" and self.phrases:
+            raise ValueError("data.phrases mixes in phrase pairs: parallel formats only, not data.format text")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"data.on_error must be raise or skip, got {self.on_error!r}")
         if self.phrases < 0:
@@ -65,8 +80,14 @@ class TrainConfig:
     Adam β1 = 0.9, β2 = 0.98, ε = 1e-9 (§5.3); lrate = lr_scale · d_model^-0.5 ·
     min(step^-0.5, step · warmup^-1.5); label smoothing ε_ls = 0.1 (§5.4). A step is
     ``accumulate`` micro-batches of at most ``max_tokens`` padded positions per side (per process).
+
+    ``task`` is ``translation``, ``lm`` (next-token prediction) or ``mlm`` (masked tokens, as in
+    BERT: ``mask_prob`` of the tokens chosen, of those 80% replaced by ``<mask>``, 10% by a random
+    token, 10% kept; not in the paper).
     """
 
+    task: str = "translation"
+    mask_prob: float = 0.15
     vocab_size: int = 8000
     max_tokens: int = 4096
     accumulate: int = 1
@@ -96,6 +117,10 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be a positive integer, got {value!r}")
         if self.max_steps is None and self.max_epochs is None and self.max_time is None:
             raise ValueError("set at least one of train.max_steps, train.max_epochs, train.max_time")
+        if self.task not in TASKS:
+            raise ValueError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if not 0 < self.mask_prob < 1:
+            raise ValueError(f"train.mask_prob must be in (0, 1), got {self.mask_prob!r}")
         object.__setattr__(self, "betas", tuple(self.betas))
 
 
@@ -104,6 +129,14 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: dict[str, Any] = field(default_factory=dict)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_epochs=1))
+
+    def __post_init__(self) -> None:
+        monolingual = self.train.task in ("lm", "mlm")
+        if monolingual != (self.data.format == "text"):
+            raise ValueError(
+                f"train.task {self.train.task} needs "
+                + ("monolingual text: data.format text" if monolingual else "parallel text, not data.format text")
+            )
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model)

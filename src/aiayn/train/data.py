@@ -1,4 +1,5 @@
-"""Reading the parallel text of a run's splits, as ``DataConfig`` describes it."""
+"""Reading the text of a run's splits, as ``DataConfig`` describes it: parallel pairs
+(``load_split``) or monolingual texts (``load_texts``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from ..data.corpus import load_hf_dataset, read_jsonl, read_parallel, read_tsv
+from ..data.corpus import load_hf_dataset, read_jsonl, read_parallel, read_text, read_tsv
 from .config import DataConfig
 
-__all__ = ["load_split"]
+__all__ = ["load_split", "load_texts"]
 
 
 def _path(data: DataConfig, split: str, side: str, suffix: str) -> Path | None:
@@ -65,3 +66,22 @@ def load_split(
         else:
             log(f"phrases: none found at {phrase_src}; training on sentences only")
     return pairs
+
+
+def load_texts(data: DataConfig, split: str, log: Callable[[str], None] = print, required: bool = True) -> list[str]:
+    """The texts of ``split`` (train, dev or test) for ``data.format: text``, one a line:
+    ``data.{split}_text`` or ``{dir}/{split}.{lang}``. Every skipped line is counted in the
+    printed report."""
+    if data.format != "text":
+        raise ValueError(f"load_texts reads data.format text, not {data.format}")
+    explicit = getattr(data, f"{split}_text", None) if split in ("train", "dev", "test") else None
+    path = Path(explicit) if explicit else None if data.dir is None else Path(data.dir) / f"{split}.{data.lang}"
+    if path is None or not path.is_file():
+        if required:
+            raise FileNotFoundError(
+                f"no {split} text: set data.dir (file {split}.{data.lang}) or data.{split}_text; looked for {path}"
+            )
+        return []
+    texts, report = read_text(path, on_error=data.on_error)
+    log(f"{split}: {report.summary()}")
+    return texts

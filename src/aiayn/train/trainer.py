@@ -2,10 +2,14 @@
 label smoothing, dropout; gradient accumulation, checkpoints with exact resume, validation,
 and DistributedDataParallel under torchrun.
 
+One loop for the three tasks of ``train.task`` (translation, causal LM, masked LM): what a
+micro-batch holds and how it is scored is the task's ``Objective`` (``objectives.py``).
+
 One step = ``accumulate`` micro-batches on each of ``world`` processes. The loss of a step is
-the sum of label-smoothed token losses divided by the number of target tokens in the whole step
+the sum of label-smoothed token losses divided by the number of scored tokens in the whole step
 (all micro-batches, all processes), so one process with accumulation and several processes
-with DDP take the same step.
+with DDP take the same step. The masked LM's random choice of tokens is seeded by the step and
+the micro-batch, so it too is the same after a resume.
 """
 
 from __future__ import annotations
@@ -23,16 +27,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.batching import Batch, TokenBatcher, collate, padding_fraction
+from ..data.batching import TokenBatcher, padding_fraction
 from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
 from ..decode import translate_ids
 from ..evaluate import Scores, score_translations
-from ..model import Transformer
+from ..model import DecoderOnly, EncoderOnly, Transformer
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig
-from .data import load_split
 from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
-from .loss import label_smoothed_loss
+from .objectives import Objective, Translation, objective_for
 from .schedule import paper_lr
 
 __all__ = ["TrainResult", "train", "evaluate_loss"]
@@ -96,33 +99,33 @@ def _positions(batcher: TokenBatcher, epoch: int, index: int) -> Iterator[tuple[
 
 @torch.no_grad()
 def evaluate_loss(
-    model: Transformer, examples: list[tuple[list[int], list[int]]], max_tokens: int, device: torch.device
+    model: Transformer | DecoderOnly | EncoderOnly,
+    examples: list[Any],
+    max_tokens: int,
+    device: torch.device,
+    objective: Objective | None = None,
 ) -> tuple[float, float]:
-    """Label-smoothing-free per-token NLL and perplexity of ``examples``."""
+    """Label-smoothing-free per-token NLL and perplexity of ``examples`` under ``objective``
+    (default: translation). For the masked LM these are of the masked positions, chosen the
+    same way at every evaluation (seeded by the batch), so that evaluations compare."""
+    objective = objective or Translation()
     model.eval()
-    lengths = [(len(s) + 1, len(t) + 1) for s, t in examples]
-    batcher = TokenBatcher(lengths, max_tokens, shuffle=False)
+    batcher = TokenBatcher(objective.lengths(examples), max_tokens, shuffle=False)
     nll_sum, tokens = 0.0, 0
-    cfg = model.config
-    for indices in batcher.epoch(0):
-        batch = collate([examples[i] for i in indices], cfg.pad_id, cfg.bos_id, cfg.eos_id).to(device)
-        select = batch.tgt_out != cfg.pad_id
-        logits = model(batch.src, batch.tgt_in, select=select)
-        _, nll = label_smoothed_loss(logits, batch.tgt_out[select], 0.0)
+    for i, indices in enumerate(batcher.epoch(0)):
+        batch = objective.collate([examples[j] for j in indices], model.config, seed=i).to(device)
+        _, nll = objective.loss(model, batch, 0.0)
         nll_sum += nll.item()
-        tokens += int(select.sum())
+        tokens += batch.num_tokens
     model.train()
     nll = nll_sum / max(tokens, 1)
     return nll, math.exp(min(nll, 50))
 
 
-def _encode(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_len: int
-) -> tuple[list[tuple[list[int], list[int]]], int]:
-    src = tokenizer.encode_batch([s for s, _ in pairs])
-    tgt = tokenizer.encode_batch([t for _, t in pairs])
-    kept = [(s, t) for s, t in zip(src, tgt, strict=True) if 0 < len(s) < max_len and 0 < len(t) < max_len]
-    return kept, len(pairs) - len(kept)
+def _batch_seed(seed: int, step: int, index: int) -> int:
+    """The seed of micro-batch ``index`` (0 .. accumulate x world - 1) of ``step``: a function of
+    the position in training only, so a resumed run draws the same masks."""
+    return (seed * 1_000_003 + step) * 10_007 + index
 
 
 def train(
@@ -133,14 +136,17 @@ def train(
     log: Log = print,
     device: str | None = None,
 ) -> TrainResult:
-    """Train a ``Transformer`` as ``run`` says, writing checkpoints, ``metrics.jsonl`` and the
-    final model (``out_dir/model``) into ``out_dir``. With ``resume``, continue from the latest
-    checkpoint exactly where it stopped."""
+    """Train the model of ``run.train.task`` (a ``Transformer`` for translation, a ``DecoderOnly``
+    for ``lm``, an ``EncoderOnly`` for ``mlm``) as ``run`` says, writing checkpoints,
+    ``metrics.jsonl`` and the final model (``out_dir/model``) into ``out_dir``. With ``resume``,
+    continue from the latest checkpoint exactly where it stopped."""
     t0 = time.perf_counter()
     d = setup_distributed(device)
     out = Path(out_dir)
     say = log if d.main else (lambda _: None)
     cfg = run.train
+    objective = objective_for(cfg)
+    unit = objective.unit
     checkpoint = latest_checkpoint(out) if resume else None
     if resume and checkpoint is None:
         raise FileNotFoundError(f"{out}: no checkpoint to resume from")
@@ -151,22 +157,22 @@ def train(
         (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
 
     # Data and tokenizer -----------------------------------------------------------------------
-    train_pairs = load_split(run.data, "train", say, seed=cfg.seed)
-    dev_pairs = load_split(run.data, "dev", say, seed=cfg.seed, required=False)
+    train_raw = objective.load(run.data, "train", say, cfg.seed, required=True)
+    dev_raw = objective.load(run.data, "dev", say, cfg.seed, required=False)
     if checkpoint is not None:
         tokenizer = Tokenizer.load(checkpoint / TOKENIZER_NAME)
     else:
-        say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(train_pairs):,} pairs ...")
-        tokenizer = Tokenizer.train((text for pair in train_pairs for text in pair), cfg.vocab_size)
+        say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(train_raw):,} {unit} ...")
+        tokenizer = Tokenizer.train(objective.texts(train_raw), cfg.vocab_size)
         if d.main:
             tokenizer.save(out / TOKENIZER_NAME)
-    train_examples, too_long = _encode(tokenizer, train_pairs, run.data.max_len)
-    say(f"train: {len(train_examples):,} pairs; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
-    dev_examples, dev_too_long = _encode(tokenizer, dev_pairs, run.data.max_len)
-    if dev_pairs:
-        say(f"dev: {len(dev_examples):,} pairs; skipped {dev_too_long:,} empty or too long")
+    train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
+    say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
+    dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
+    if dev_raw:
+        say(f"dev: {len(dev_examples):,} {unit}; skipped {dev_too_long:,} empty or too long")
 
-    lengths = [(len(s) + 1, len(t) + 1) for s, t in train_examples]
+    lengths = objective.lengths(train_examples)
     batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
     say(
         f"batches: {len(batcher):,} per epoch of <= {cfg.max_tokens} positions per side; "
@@ -177,7 +183,7 @@ def train(
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model_config = run.model_config(tokenizer.vocab_size)
-    model = Transformer(model_config).to(d.device)
+    model = objective.model_class(model_config).to(d.device)
     if d.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -233,11 +239,12 @@ def train(
         epoch, index, _ = group[-1]
         state["epoch"], state["index"] = epoch, index + 1  # where the next step starts
         mine = [
-            collate([train_examples[i] for i in indices], model_config.pad_id, model_config.bos_id, model_config.eos_id)
-            for _, _, indices in group[d.rank :: d.world]
+            objective.collate([train_examples[i] for i in indices], model_config, _batch_seed(cfg.seed, step, j))
+            for j, (_, _, indices) in enumerate(group)
+            if j % d.world == d.rank
         ]
         tokens = all_reduce_sum(torch.tensor(float(sum(b.num_tokens for b in mine))), d).item()
-        src_tokens = all_reduce_sum(torch.tensor(float(sum(b.num_src_tokens for b in mine))), d).item()
+        positions = all_reduce_sum(torch.tensor(float(sum(b.num_positions for b in mine))), d).item()
         lr = paper_lr(step + 1, model_config.d_model, cfg.warmup, cfg.lr_scale)
         for g in optimizer.param_groups:
             g["lr"] = lr
@@ -247,7 +254,7 @@ def train(
             last = i == len(mine) - 1
             sync = contextlib.nullcontext() if last or d.world == 1 else ddp.no_sync()
             with sync:
-                loss = _micro_step(forward, batch, cfg.eps_ls, amp)
+                loss, _ = objective.loss(forward, batch, cfg.eps_ls, amp)
                 (loss * (d.world / tokens)).backward()  # DDP averages over processes
             loss_sum += loss.detach()
         if cfg.clip_norm is not None:
@@ -264,16 +271,14 @@ def train(
             metrics.log(
                 {
                     "kind": "train", "step": step, "epoch": epoch, "loss": round(train_loss, 6), "lr": lr,
-                    "tokens": int(tokens + src_tokens), "tokens_per_s": round((tokens + src_tokens) / seconds, 1),
+                    "tokens": int(positions), "tokens_per_s": round(positions / seconds, 1),
                     "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
                 }
             )  # fmt: skip
         bar.update(1)
-        bar.set_postfix(
-            loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{(tokens + src_tokens) / seconds:,.0f}", epoch=epoch
-        )
+        bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{positions / seconds:,.0f}", epoch=epoch)
         if dev_examples and step % cfg.eval_every == 0:
-            dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device)
+            dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
             metrics.log({"kind": "dev", "step": step, "loss": round(dev_loss, 6), "ppl": round(dev_ppl, 3)})
             bar.write(f"step {step}: dev loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}") if d.main else None
         now = time.perf_counter()
@@ -301,10 +306,15 @@ def train(
     model.save_pretrained(model_dir, step=step)
     tokenizer.save(model_dir / TOKENIZER_NAME)
     dev_scores = None
-    if dev_examples:
+    if dev_examples and not isinstance(objective, Translation):
+        dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
+        metrics.log({"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl})
+        masked = " (of the masked tokens)" if cfg.task == "mlm" else ""
+        say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}{masked}")
+    elif dev_examples:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device)
-        sources = [s for s, _ in dev_pairs][: run.data.dev_size]
-        references = [t for _, t in dev_pairs][: run.data.dev_size]
+        sources = [s for s, _ in dev_raw][: run.data.dev_size]
+        references = [t for _, t in dev_raw][: run.data.dev_size]
         model.eval()
         hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
         dev_scores = score_translations(hypotheses, references)
@@ -318,14 +328,3 @@ def train(
     return TrainResult(
         step, state["epoch"], train_loss, dev_loss, dev_ppl, dev_scores, model_dir, time.perf_counter() - t0
     )
-
-
-def _micro_step(
-    model: torch.nn.Module, batch: Batch, eps_ls: float, amp: contextlib.AbstractContextManager
-) -> torch.Tensor:
-    """Summed label-smoothed loss of one micro-batch, logits only at non-pad target positions."""
-    select = batch.tgt_out != batch.pad_id  # (B, T)
-    with amp:
-        logits = model(batch.src, batch.tgt_in, select=select)  # (N, V)
-    loss, _ = label_smoothed_loss(logits, batch.tgt_out[select], eps_ls)
-    return loss

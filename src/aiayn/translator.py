@@ -1,0 +1,122 @@
+"""Translating text with a trained model: tokenizer, model and search in one object.
+
+translator = Translator.from_pretrained("runs/ding/model")
+translator.translate(["Es war purer Zufall."])            # beam 4, α = 0.6 (§6.1)
+translator.translate(["Es war purer Zufall."], beam=1)    # greedy
+translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...]]
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+from .decode import translate_ids
+from .model import Transformer
+
+__all__ = ["Translator"]
+
+
+class Translator:
+    """A ``Transformer`` with its tokenizer: text in, text out, batched by tokens.
+
+    Inputs longer than the model's ``max_len`` positions are truncated with a warning; an empty
+    or whitespace-only input gives an empty output without running the model.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
+            )
+        self.model, self.tokenizer = model.eval(), tokenizer
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, device: str | torch.device = "cpu", quantize: str | None = None
+    ) -> Translator:
+        """Load ``config.json``, ``model.safetensors`` and ``tokenizer.json`` from ``directory``.
+
+        ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only).
+        Missing or unreadable files raise an error naming the file.
+        """
+        directory = Path(directory)
+        model = Transformer.from_pretrained(directory, device=device)
+        path = directory / TOKENIZER_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (a model directory needs {TOKENIZER_NAME})")
+        try:
+            tokenizer = Tokenizer.load(path)
+        except Exception as e:  # the tokenizers library raises its own exception types
+            raise ValueError(f"{path}: not a readable tokenizer file: {e}") from None
+        if quantize is not None:
+            if quantize != "int8":
+                raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
+            if torch.device(device).type != "cpu":
+                raise ValueError("int8 quantization runs on the CPU only")
+            from .quantize import quantize_int8
+
+            model = quantize_int8(model)
+        return cls(model, tokenizer)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """The longest input, in tokens without EOS, that the model takes (``config.max_len``)."""
+        return self.model.config.max_len - 1
+
+    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Token ids of each sentence, truncated to ``max_source_tokens`` (with a warning)."""
+        ids = self.tokenizer.encode_batch(list(sentences))
+        limit = self.max_source_tokens
+        too_long = sum(len(x) > limit for x in ids)
+        if too_long:
+            warnings.warn(f"{too_long} input(s) longer than the model's {limit} tokens were truncated", stacklevel=3)
+        return [x[:limit] for x in ids]
+
+    @torch.no_grad()
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        alpha: float = 0.6,
+        nbest: int = 1,
+        max_tokens: int = 4096,
+        max_len_a: int = 50,
+        progress: bool = False,
+    ) -> list[str] | list[list[tuple[str, float]]]:
+        """Translate ``sentences``; results in input order.
+
+        Args:
+            beam: beam size (1: greedy). alpha: length penalty α. nbest: with ``nbest > 1`` each
+                result is a list of ``(translation, score)``, best first (score = log P / lp).
+            max_tokens: source positions per batch. max_len_a: each output may be this many
+                tokens longer than its source. progress: show a progress bar.
+        """
+        if isinstance(sentences, str):
+            raise TypeError("translate takes a list of sentences, not one string")
+        keep = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = self.encode([sentences[i] for i in keep])
+        out = translate_ids(
+            self.model, sources, max_tokens, max_len_a, beam=beam, alpha=alpha, nbest=nbest, progress=progress
+        )
+        empty: str | list[tuple[str, float]] = [("", 0.0)] if nbest > 1 else ""
+        results: list = [empty] * len(sentences)
+        for i, result in zip(keep, out, strict=True):
+            if nbest > 1:
+                results[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in result]
+            else:
+                results[i] = self.tokenizer.decode(result)
+        return results
+
+    @torch.no_grad()
+    def perplexity(self, sources: Sequence[str], references: Sequence[str], max_tokens: int = 4096) -> float:
+        """exp(mean NLL per reference token, EOS included) under teacher forcing."""
+        from .evaluate import mean_nll
+
+        pairs = list(zip(self.encode(sources), self.encode(references), strict=True))
+        return math.exp(min(mean_nll(self.model, pairs, max_tokens), 50.0))

@@ -1,0 +1,174 @@
+"""Translation from text: the Translator API, the translate / evaluate commands, bad input,
+and int8 quantization."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.cli import main
+from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
+from aiayn.decode import beam_search, greedy_decode
+from aiayn.model import ModelConfig, Transformer
+from aiayn.quantize import quantize_int8
+from aiayn.translator import Translator
+
+SENTENCES = [
+    "Das Haus ist groß.", "The house is big.", "Die Katze schläft.", "The cat is asleep.",
+    "Der Hund bellt laut.", "The dog barks loudly.", "Es war purer Zufall.", "It was sheer coincidence.",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("model")
+    tokenizer = Tokenizer.train(SENTENCES * 4, vocab_size=300)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=48))
+    with torch.no_grad():
+        model.tgt_embedding.weight[2] *= 3  # a likely EOS: outputs of different lengths
+    model.save_pretrained(directory)
+    tokenizer.save(directory / TOKENIZER_NAME)
+    return directory
+
+
+def _ids(translator, text):
+    return torch.tensor([[*translator.tokenizer.encode(text), 2]])
+
+
+def test_translate_matches_the_search_functions(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    inputs = ["Das Haus ist groß.", "Der Hund bellt.", "Es war Zufall."]
+    greedy = translator.translate(inputs, beam=1)
+    beam = translator.translate(inputs, beam=3, alpha=0.6)
+    for text, g, b in zip(inputs, greedy, beam, strict=True):
+        out = greedy_decode(translator.model, _ids(translator, text))[0].tolist()
+        assert g == translator.tokenizer.decode(out[: out.index(2)])
+        hyp = beam_search(translator.model, _ids(translator, text), beam=3, alpha=0.6)[0][0]
+        assert b == translator.tokenizer.decode(hyp.tokens)
+    nbest = translator.translate(inputs, beam=3, nbest=3)
+    assert all(len(n) == 3 and n[0][0] == b for n, b in zip(nbest, beam, strict=True))
+    assert all([s for _, s in n] == sorted((s for _, s in n), reverse=True) for n in nbest)
+
+
+def test_bad_inputs_give_outputs_not_crashes(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    inputs = ["", "   \t", "Größe ☃ 日本語 \x00", "Das Haus ist groß."]
+    out = translator.translate(inputs, beam=2)
+    assert len(out) == 4 and out[0] == "" and out[1] == ""
+    assert out[3] == translator.translate(["Das Haus ist groß."], beam=2)[0]  # not affected by its neighbours
+    assert translator.translate(["", "Das Haus"], nbest=2)[0] == [("", 0.0)]
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate("Das Haus ist groß.")
+
+
+def test_inputs_longer_than_the_model_are_truncated_with_a_warning(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    long = " ".join(["Haus"] * 60)
+    assert len(translator.tokenizer.encode(long)) > translator.max_source_tokens == 47
+    with pytest.warns(UserWarning, match="1 input.* truncated"):
+        out = translator.translate([long, "Das Haus."], beam=1)
+    assert len(out) == 2
+
+
+def test_translate_command_lines_stdin_nbest(model_dir, tmp_path, capsys, monkeypatch):
+    import io
+
+    assert main(["translate", "--model", str(model_dir), "Das Haus ist groß.", "Der Hund."]) == 0
+    args_out = capsys.readouterr().out.splitlines()
+    assert len(args_out) == 2
+    (tmp_path / "in.txt").write_text("Das Haus ist groß.\n\n   \nDer Hund.\n", encoding="utf-8")
+    assert main(["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt")]) == 0
+    file_out = capsys.readouterr().out.split("\n")
+    assert len(file_out) == 5 and file_out[1] == file_out[2] == "" and file_out[4] == ""
+    assert [file_out[0], file_out[3]] == args_out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Das Haus ist groß.\nDer Hund.\n"))
+    assert main(["translate", "--model", str(model_dir)]) == 0
+    assert capsys.readouterr().out.splitlines() == args_out
+    assert main(["translate", "--model", str(model_dir), "--nbest", "3", "Das Haus ist groß."]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0"] and rows[0][2] == args_out[0]
+    scores = [float(r[1]) for r in rows]
+    assert scores == sorted(scores, reverse=True)
+    long = " ".join(["Haus"] * 60)
+    assert main(["translate", "--model", str(model_dir), "--beam", "1", long]) == 0
+    assert "aiayn translate: warning: 1 input(s) longer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda d: (d / TOKENIZER_NAME).unlink(), TOKENIZER_NAME),
+        (lambda d: (d / TOKENIZER_NAME).write_text("{not json"), TOKENIZER_NAME),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 20), "model.safetensors"),
+        (lambda d: (d / "model.safetensors").unlink(), "model.safetensors"),
+        (lambda d: (d / "config.json").write_text("{"), "config.json"),
+        (lambda d: (d / "config.json").unlink(), "config.json"),
+    ],
+)
+def test_broken_model_directory_is_a_one_line_error_naming_the_file(model_dir, tmp_path, capsys, damage, named):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    damage(broken)
+    assert main(["translate", "--model", str(broken), "Das Haus."]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn translate: error:") and named in err and "Traceback" not in err
+
+
+def test_int8_quantization_replaces_every_linear_and_stays_close(model_dir):
+    model = Transformer.from_pretrained(model_dir).eval()
+    quantized = quantize_int8(model)
+    assert not any(type(m) is nn.Linear for m in quantized.modules())  # every Linear is int8 now
+    assert quantized.output_projection is not None and model.output_projection is None  # original untouched
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(5, model.config.vocab_size, (4, 9), generator=g)
+    tgt = torch.randint(5, model.config.vocab_size, (4, 7), generator=g)
+    exact, approx = model(src, tgt), quantized(src, tgt)
+    assert (approx - exact).abs().max() < 0.05 * exact.abs().max()  # int8 rounding, not a different model
+    assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
+    # the int8 model decodes with the same search code, cached == recomputed
+    cached = beam_search(quantized, src, beam=2, max_len_a=5)
+    recomputed = beam_search(quantized, src, beam=2, max_len_a=5, use_cache=False)
+    assert [h[0].tokens for h in cached] == [h[0].tokens for h in recomputed]
+
+
+def test_quantize_flag(model_dir, capsys):
+    assert main(["translate", "--model", str(model_dir), "--quantize", "int8", "Das Haus.", ""]) == 0
+    assert len(capsys.readouterr().out.split("\n")) == 3
+
+
+def test_evaluate_bleu_equals_the_sacrebleu_command_line(model_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.de").write_text("".join(s + "\n" for s in SENTENCES[0::2]), encoding="utf-8")
+    (data / "test.en").write_text("".join(s + "\n" for s in SENTENCES[1::2]), encoding="utf-8")
+    hyp = tmp_path / "hyp.txt"
+    assert main(["evaluate", "--model", str(model_dir), "--data", str(data), "--split", "test",
+                 "--output", str(hyp), "--beam", "2"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    bleu = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(data / "test.en"), "-i", str(hyp), "-m", "bleu", "-b"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert f"BLEU {float(bleu):.2f}" in out
+    assert "beam 2" in out and "perplexity of the references:" in out
+
+
+@torch.no_grad()
+def test_perplexity_is_exp_of_the_mean_token_nll(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    model, tok = translator.model, translator.tokenizer
+    total, count = 0.0, 0
+    for src, ref in [("Das Haus ist groß.", "The house is big."), ("Der Hund.", "The dog.")]:
+        target = [*tok.encode(ref), 2]
+        logits = model(torch.tensor([[*tok.encode(src), 2]]), torch.tensor([[1, *target[:-1]]]))[0]
+        logp = torch.log_softmax(logits, -1)
+        total -= float(logp[torch.arange(len(target)), torch.tensor(target)].sum())
+        count += len(target)
+    expected = torch.tensor(total / count).exp().item()
+    got = translator.perplexity(["Das Haus ist groß.", "Der Hund."], ["The house is big.", "The dog."])
+    assert got == pytest.approx(expected, rel=1e-5)

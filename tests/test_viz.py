@@ -1,0 +1,182 @@
+"""Plots: attention maps of a translation (§3.2), positional encodings (§3.5), the learning-rate
+schedule (§5.3), and their command lines. The plotted arrays are checked against independent truth."""
+
+import math
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import viz
+from aiayn.cli import main
+from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
+from aiayn.model import ModelConfig, Transformer
+
+SENTENCE = "Das Haus ist groß."
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random model with a real tokenizer, saved as `aiayn train` saves one."""
+    tokenizer = Tokenizer.train(["Das Haus ist groß.", "Die Katze schläft.", "Es war purer Zufall."] * 5, 300)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, N=2, d_model=16, d_ff=32, h=2, P_drop=0.0)
+    directory = tmp_path_factory.mktemp("model")
+    Transformer(config).save_pretrained(directory)
+    tokenizer.save(directory / TOKENIZER_NAME)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return Transformer.from_pretrained(model_dir).eval(), Tokenizer.load(model_dir / TOKENIZER_NAME)
+
+
+@pytest.fixture(scope="module")
+def maps(loaded):
+    return viz.translation_attention(*loaded, SENTENCE, max_len=6)
+
+
+def test_maps_are_those_of_the_greedy_translation(loaded, maps):
+    """Teacher forcing on the model's own output gives the weights of each cached decoding step."""
+    model, tokenizer = loaded
+    src = torch.tensor([[*tokenizer.encode(SENTENCE), tokenizer.eos_id]])
+    assert maps.source == tokenizer.pieces(src[0].tolist()) and maps.source[-1] == "</s>"
+    assert maps.target[0] == "<s>" and len(maps.target) == 6  # no EOS within max_len: the 6 steps run
+    S, T = src.size(1), len(maps.target)
+    assert [w.shape for w in maps.attention.encoder] == [(2, S, S)] * 2
+    assert [w.shape for w in maps.attention.decoder_self] == [(2, T, T)] * 2
+    assert [w.shape for w in maps.attention.decoder_cross] == [(2, T, S)] * 2
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc.memory, enc.mask)
+        token, cross = torch.tensor([[tokenizer.bos_id]]), []
+        for _ in range(T):
+            out = model.decode(token, cache=cache, return_attention=True)
+            cross.append([w[0, :, -1] for w in out.cross_attention])  # per layer (H, S)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+    for layer in range(2):
+        step_by_step = torch.stack([step[layer] for step in cross], dim=1)  # (H, T, S)
+        torch.testing.assert_close(maps.attention.decoder_cross[layer], step_by_step)
+
+
+def test_decoder_inputs_stop_before_eos(loaded, monkeypatch):
+    model, tokenizer = loaded
+    output = [7, 8, tokenizer.eos_id, tokenizer.pad_id]
+    monkeypatch.setattr("aiayn.decode.greedy_decode", lambda model, src, max_len=None: torch.tensor([output]))
+    maps = viz.translation_attention(model, tokenizer, SENTENCE)
+    assert maps.target == tokenizer.pieces([tokenizer.bos_id, 7, 8])  # <s> 7 predicted 8, 8 predicted </s>
+    assert maps.translation == tokenizer.decode(output)
+    assert maps.attention.decoder_cross[0].shape[1] == 3
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])  # IHDR width, height
+
+
+def test_plot_attention_grid_rows_sum_to_one_tokens_on_axes(maps, tmp_path):
+    out = tmp_path / "attention.png"
+    fig = viz.plot_attention(maps, out=out)
+    assert len(fig.axes) == 3 * 2 * 2  # kinds × layers × heads
+    width, height = _png_size(out)
+    assert (width, height) == tuple(round(x * 100) for x in fig.get_size_inches())
+    assert height > width  # 6 rows (kind, layer) of 2 heads
+    fields = {"encoder": "enc", "decoder_self": "dec", "decoder_cross": "cross"}
+    axes = iter(fig.axes)
+    for field, kind in fields.items():
+        rows = maps.source if kind == "enc" else maps.target
+        columns = maps.target if kind == "dec" else maps.source
+        for layer in range(2):
+            for head in range(2):
+                ax = next(axes)
+                plotted = torch.as_tensor(ax.images[0].get_array())
+                torch.testing.assert_close(plotted.sum(-1), torch.ones(len(rows)))
+                torch.testing.assert_close(plotted, getattr(maps.attention, field)[layer][head])
+                assert [t.get_text() for t in ax.get_yticklabels()] == rows
+                assert [t.get_text() for t in ax.get_xticklabels()] == columns
+                assert ax.get_title().endswith(f"layer {layer}, head {head}")
+    decoder_self = torch.as_tensor(fig.axes[4].images[0].get_array())
+    assert torch.equal(decoder_self.triu(1), torch.zeros_like(decoder_self))  # no attention to later positions
+
+
+def test_plot_attention_selects_kinds_layers_heads(maps):
+    fig = viz.plot_attention(maps, kinds=["cross", "enc"], layers=[1], heads=[0])
+    assert [ax.get_title() for ax in fig.axes] == [
+        "encoder-decoder attention, layer 1, head 0",
+        "encoder self-attention, layer 1, head 0",
+    ]
+    with pytest.raises(ValueError, match="0 to 1"):
+        viz.plot_attention(maps, layers=[2])
+    with pytest.raises(ValueError, match="0 to 1"):
+        viz.plot_attention(maps, heads=[0, 5])
+    with pytest.raises(ValueError, match="choose from enc, dec, cross"):
+        viz.plot_attention(maps, kinds=["self"])
+
+
+def test_positional_encoding_plot_is_the_formula(tmp_path):
+    L, d = 50, 16
+    fig = viz.plot_positional_encoding(L, d, out=tmp_path / "pe.png")
+    plotted = torch.as_tensor(fig.axes[0].images[0].get_array(), dtype=torch.float64)
+    expected = torch.empty(L, d, dtype=torch.float64)
+    for pos in range(L):
+        for i in range(d // 2):
+            expected[pos, 2 * i] = math.sin(pos / 10000 ** (2 * i / d))  # PE(pos, 2i)
+            expected[pos, 2 * i + 1] = math.cos(pos / 10000 ** (2 * i / d))  # PE(pos, 2i+1)
+    torch.testing.assert_close(plotted, expected, atol=1e-6, rtol=0)
+    assert (tmp_path / "pe.png").stat().st_size > 10_000
+
+
+def test_schedule_plot_is_the_formula_and_peaks_at_warmup():
+    d_model, warmup = 512, 4000
+    fig = viz.plot_schedule(d_model, warmup, steps=10_000)
+    steps, lr = fig.axes[0].lines[0].get_data()
+    assert steps[0] == 1 and steps[-1] == 10_000
+    for step in (1, 100, 3999, 4000, 4001, 10_000):
+        assert lr[step - 1] == pytest.approx(d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-12)
+    assert steps[lr.argmax()] == warmup
+    assert lr.max() == pytest.approx(1 / math.sqrt(d_model * warmup))
+
+
+def test_attention_command(model_dir, tmp_path, capsys):
+    out = tmp_path / "maps.png"
+    argv = ["attention", "--model", str(model_dir), SENTENCE, "--out", str(out)]
+    assert main([*argv, "--kind", "enc,cross", "--layers", "1", "--heads", "0,1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{SENTENCE}  ->  ") and f"written {out}" in printed
+    width, height = _png_size(out)
+    assert width < height  # 2 rows (enc, cross at layer 1) of 2 heads, each panel square
+
+    assert main([*argv, "--layers", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "aiayn attention: error:" in err and "0 to 1" in err
+    with pytest.raises(SystemExit):
+        main([*argv, "--kind", "enc,self"])
+    assert "choose from enc,dec,cross" in capsys.readouterr().err
+
+
+def test_plot_pe_and_lr_commands(tmp_path, capsys):
+    pe, lr = tmp_path / "pe.png", tmp_path / "lr.png"
+    assert main(["plot", "pe", "--length", "20", "--d-model", "8", "--out", str(pe)]) == 0
+    ding = Path(__file__).parents[1] / "configs" / "ding.yaml"
+    assert main(["plot", "lr", "--config", str(ding), "--out", str(lr)]) == 0
+    assert capsys.readouterr().out == f"written {pe}\nwritten {lr}\n"
+    assert _png_size(pe) == (800, 600) and _png_size(lr) == (800, 450)
+    # a flag of the other kind is an error, not silently ignored
+    assert main(["plot", "pe", "--steps", "10", "--out", str(pe)]) == 1
+    assert "--steps belongs to `aiayn plot lr`" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "no-run"), "--length", "10"]) == 1
+    assert "--length belongs to `aiayn plot pe`" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "no-run")]) == 1  # a run directory, still
+    assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_help_explains_the_reserved_words(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plot", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "aiayn plot RUN_DIR" in help_text and "aiayn plot pe" in help_text and "aiayn plot lr" in help_text
+    assert "reserved" in help_text
