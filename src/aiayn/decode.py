@@ -58,8 +58,8 @@ def _limits(model: Transformer, src_mask: Tensor, max_len_a: int, max_len: int |
 
 
 def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id: int, eos_id: int) -> Tensor:
-    """Apply the shared rules to next-token log-probabilities ``(R, V)`` for output position
-    ``length`` (1-based): no padding, no EOS before ``min_len``, only EOS at the limit."""
+    """Apply the shared rules to next-token log-probabilities (or logits) ``(R, V)`` for output
+    position ``length`` (1-based): no padding, no EOS before ``min_len``, only EOS at the limit."""
     logp[:, pad_id] = -torch.inf
     if length < min_len:
         logp[:, eos_id] = -torch.inf
@@ -87,15 +87,16 @@ class _Stepper:
         else:
             self.memory, self.memory_mask = enc.memory[rows], enc.mask[rows]
 
-    def __call__(self, prefixes: Tensor) -> Tensor:
-        """prefixes ``(R, t)`` (BOS first) -> log-probabilities of the next token ``(R, V)``, float32."""
+    def __call__(self, prefixes: Tensor, normalize: bool = True) -> Tensor:
+        """prefixes ``(R, t)`` (BOS first) -> log-probabilities of the next token ``(R, V)``, float32
+        (``normalize=False``: the logits, enough for an argmax)."""
         if self.use_cache:
             logits = self.model.decode(prefixes[:, -1:], cache=self.cache).logits[:, -1]  # (R, V)
         else:
             select = torch.zeros_like(prefixes, dtype=torch.bool)
             select[:, -1] = True
             logits = self.model.decode(prefixes, self.memory, self.memory_mask, select=select).logits  # (R, V)
-        return F.log_softmax(logits.float(), dim=-1)
+        return F.log_softmax(logits.float(), dim=-1) if normalize else logits.float()
 
     def reorder(self, rows: Tensor, sentences_changed: bool) -> None:
         if self.use_cache:
@@ -133,8 +134,9 @@ def greedy_decode(
     prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
     out = torch.full((B, int(limit.max())), config.pad_id, dtype=torch.long, device=src.device)
     for t in range(out.size(1)):
-        logp = _constrain(step(prefixes), t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
-        token = logp.argmax(dim=-1)  # (R,)
+        logits = step(prefixes, normalize=False)  # the argmax needs no softmax
+        logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
+        token = logits.argmax(dim=-1)  # (R,)
         out[active, t] = token
         prefixes = torch.cat([prefixes, token[:, None]], dim=1)
         going = token != config.eos_id

@@ -81,6 +81,7 @@ class AttentionCache:
     def __init__(self) -> None:
         self._k: Tensor | None = None  # (B, H, capacity, D_k)
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder's destination, reused
         self.length = 0
         self.static = False
 
@@ -114,10 +115,18 @@ class AttentionCache:
 
     def reorder(self, indices: Tensor) -> None:
         """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
-        if self._k is not None:
-            # the whole buffer, spare capacity included, so the next append need not regrow it
-            self._k = self._k.index_select(0, indices)
-            self._v = self._v.index_select(0, indices)
+        if self._k is None:
+            return
+        # The whole buffer, spare capacity included, so the next append need not regrow it; into
+        # a second buffer kept between calls: a fresh allocation this size costs more than the copy.
+        spare_k, spare_v = self._spare if self._spare is not None else (self._k.new_empty(0), self._v.new_empty(0))
+        if spare_k.shape[1:] != self._k.shape[1:] or spare_k.size(0) != indices.numel():
+            spare_k = self._k.new_empty(indices.numel(), *self._k.shape[1:])
+            spare_v = self._v.new_empty(indices.numel(), *self._v.shape[1:])
+        torch.index_select(self._k, 0, indices, out=spare_k)
+        torch.index_select(self._v, 0, indices, out=spare_v)
+        self._spare = (self._k, self._v) if not self.static else None
+        self._k, self._v = spare_k, spare_v
 
 
 class KVCache:

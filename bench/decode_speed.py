@@ -1,0 +1,183 @@
+"""Decoding speed of aiayn against Hugging Face's MarianMTModel.generate at the base shape, in one run.
+
+(i)  greedy decoding on the KV cache against recomputing the whole prefix every step (aiayn both);
+(ii) greedy and beam-4 translation of the same 64 sentences with aiayn (fp32, and int8 with
+     ``--quantize int8``'s dynamic quantization) and with Marian's ``generate`` (fp32);
+(iii) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
+     BLEU (the int8 BLEU change).
+
+Work is equal: random weights (d_model 512, d_ff 2048, h 8, 6 + 6 layers, vocabulary 8,000,
+shared and tied), the same 64 random source sentences of 20-30 tokens, and every output forced to
+exactly ``--length`` tokens (EOS blocked before, as ``min_new_tokens`` does for Marian). Times are
+the median of ``--repeats`` runs; sentences/s = 64 / time. "Matmul FLOP/s" counts the linear
+layers' multiply-adds (2 per MAC) over the decoder steps and the encoder, against the machine's
+fp32 matmul peak.
+
+    python bench/decode_speed.py [--length 40] [--repeats 3] [--model runs/ding/model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from aiayn import ModelConfig, Transformer
+from aiayn.decode import beam_search, greedy_decode
+from aiayn.quantize import quantize_int8
+from common import machine, matmul_peak, median, table, write_result
+
+VOCAB, D, D_FF, N = 8000, 512, 2048, 6
+SENTENCES = 64
+
+
+def sources(generator: torch.Generator) -> torch.Tensor:
+    """64 random sentences of 20-30 tokens plus EOS (id 2), right-padded with 0."""
+    lengths = torch.randint(20, 31, (SENTENCES,), generator=generator)
+    src = torch.zeros(SENTENCES, int(lengths.max()) + 1, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, :n] = torch.randint(5, VOCAB, (n,), generator=generator)
+        src[i, n] = 2
+    return src
+
+
+def marian():
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=VOCAB, d_model=D, encoder_layers=N, decoder_layers=N, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=D_FF, decoder_ffn_dim=D_FF, activation_function="relu",
+        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True, pad_token_id=0,
+        eos_token_id=2, decoder_start_token_id=1, max_position_embeddings=512, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, forced_eos_token_id=None, bad_words_ids=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return MarianMTModel(config).eval()
+
+
+def matmul_flops(src: torch.Tensor, length: int, beam: int) -> int:
+    """Linear-layer FLOPs of translating ``src``: encoder once per source token, decoder per step per beam."""
+    src_tokens = int((src != 0).sum())
+    encoder = src_tokens * 2 * N * (4 * D * D + 2 * D * D_FF)
+    cross_kv = src_tokens * 2 * N * 2 * D * D  # the encoder-decoder K/V, once per source token
+    step = 2 * (N * (4 * D * D + 2 * D * D + 2 * D * D_FF) + D * VOCAB)  # self QKV+O, cross Q+O, FFN, output
+    return encoder + cross_kv + SENTENCES * beam * length * step
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=40, help="output tokens per sentence (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (median; default %(default)s)")
+    parser.add_argument("--model", help="a trained model directory: also compare fp32 and int8 on --split")
+    parser.add_argument("--data", default="data/ding", help="with --model: {split}.de/.en files (%(default)s)")
+    parser.add_argument("--split", default="test", help="with --model: the split (default %(default)s)")
+    parser.add_argument("--skip-marian", action="store_true", help="only aiayn rows")
+    args = parser.parse_args()
+    L = args.length
+    info = machine()
+    peak = matmul_peak()
+    print(f"{info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}; peak {peak / 1e9:.1f} GFLOP/s")
+    src = sources(torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.base(VOCAB, P_drop=0.0)).eval()
+    int8 = quantize_int8(model)
+    rows: list[dict] = []
+
+    def row(name: str, seconds: float, beam: int, peer: float | None = None) -> dict:
+        r = {
+            "name": name, "seconds": round(seconds, 3), "sent_per_s": round(SENTENCES / seconds, 1),
+            "ms_per_step": round(1000 * seconds / L, 1),
+            "matmul_fraction_of_peak": round(matmul_flops(src, L, beam) / seconds / peak, 3),
+        }  # fmt: skip
+        if peer is not None:
+            r["vs_peer"] = round(peer / seconds, 2)
+        rows.append(r)
+        print(table([r], COLUMNS).splitlines()[-1], flush=True)
+        return r
+
+    print(table([], COLUMNS))
+    # (i) the cache against recomputation
+    recompute = timed(lambda: greedy_decode(model, src, max_len=L, min_len=L, use_cache=False), 1)
+    row("aiayn greedy, no cache (recompute prefix)", recompute, 1)
+    cached = timed(lambda: greedy_decode(model, src, max_len=L, min_len=L), args.repeats)
+    row("aiayn greedy, KV cache", cached, 1, peer=recompute)
+    # (ii) against Marian generate
+    hf_greedy = hf_beam = None
+    if not args.skip_marian:
+        hf = marian()
+        attention_mask = (src != 0).long()
+
+        def generate(beams: int):
+            out = hf.generate(
+                input_ids=src, attention_mask=attention_mask, num_beams=beams, do_sample=False,
+                min_new_tokens=L, max_new_tokens=L, early_stopping=False, length_penalty=0.6,
+            )  # fmt: skip
+            assert out.size(1) == L + 1, out.shape  # decoder start + L tokens
+
+        hf_greedy = row("Marian generate greedy (fp32)", timed(lambda: generate(1), args.repeats), 1)["seconds"]
+    row("aiayn greedy (fp32)", cached, 1, peer=hf_greedy)
+    int8_greedy = timed(lambda: greedy_decode(int8, src, max_len=L, min_len=L), args.repeats)
+    row("aiayn greedy (int8)", int8_greedy, 1, peer=hf_greedy)
+    if not args.skip_marian:
+        hf_beam = row("Marian generate beam 4 (fp32)", timed(lambda: generate(4), args.repeats), 4)["seconds"]
+    beam = timed(lambda: beam_search(model, src, beam=4, max_len=L, min_len=L), args.repeats)
+    row("aiayn beam 4 (fp32)", beam, 4, peer=hf_beam)
+    int8_beam = timed(lambda: beam_search(int8, src, beam=4, max_len=L, min_len=L), args.repeats)
+    row("aiayn beam 4 (int8)", int8_beam, 4, peer=hf_beam)
+    result = {"machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "rows": rows}
+    if args.model:
+        result["ding"] = trained(args)
+    print(table(rows, COLUMNS))
+    print(f"written {write_result('decode_speed', result)}")
+
+
+COLUMNS = [
+    ("name", "decoding (64 sentences)"), ("seconds", "seconds"), ("sent_per_s", "sentences/s"),
+    ("ms_per_step", "ms/step"), ("matmul_fraction_of_peak", "matmul / peak"), ("vs_peer", "speed-up vs peer"),
+]  # fmt: skip
+
+
+def trained(args: argparse.Namespace) -> dict:
+    """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4."""
+    from aiayn import Translator
+    from aiayn.evaluate import score_translations
+
+    data = Path(args.data)
+    sources_text = (data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()
+    references = (data / f"{args.split}.en").read_text(encoding="utf-8").splitlines()
+    out = []
+    for quantize in (None, "int8"):
+        translator = Translator.from_pretrained(args.model, quantize=quantize)
+        for beam in (1, 4):
+            start = time.perf_counter()
+            hypotheses = translator.translate(sources_text, beam=beam)
+            seconds = time.perf_counter() - start
+            scores = score_translations(hypotheses, references)
+            out.append({
+                "weights": quantize or "fp32", "beam": beam, "seconds": round(seconds, 2),
+                "sent_per_s": round(len(sources_text) / seconds, 1), "bleu": round(scores.bleu, 2),
+                "chrf": round(scores.chrf, 2),
+            })  # fmt: skip
+    print(f"\n{args.model} on {args.split} ({len(sources_text)} sentences):")
+    print(table(out, [("weights", "weights"), ("beam", "beam"), ("seconds", "seconds"),
+                      ("sent_per_s", "sentences/s"), ("bleu", "BLEU"), ("chrf", "chrF")]))  # fmt: skip
+    return {"model": args.model, "split": args.split, "rows": out}
+
+
+if __name__ == "__main__":
+    main()
