@@ -46,10 +46,10 @@ class Hypothesis:
     log_prob: float
 
 
-def _limits(model: Transformer, src_mask: Tensor, max_len_a: int, max_len: int | None) -> Tensor:
-    """Per-sentence output limits ``(B,)``: source length + max_len_a, capped by ``max_len`` and by
-    the positions a learned positional embedding has."""
-    limit = src_mask.view(src_mask.size(0), -1).sum(-1) + max_len_a  # (B,)
+def _limits(model: Transformer, src: Tensor, max_len_a: int, max_len: int | None) -> Tensor:
+    """Per-sentence output limits ``(B,)``: source length (non-pad tokens) + max_len_a, capped by
+    ``max_len`` and by the positions a learned positional embedding has."""
+    limit = (src != model.config.pad_id).sum(-1) + max_len_a  # (B,)
     if max_len is not None:
         limit = limit.clamp(max=max_len)
     if model.config.positional == "learned":
@@ -128,7 +128,7 @@ def greedy_decode(
     """
     config = model.config
     B = src.size(0)
-    limit = _limits(model, masks_of(src, config.pad_id), max_len_a, max_len)  # (B,)
+    limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=src.device)  # the sentences still decoding
     step = _Stepper(model, src, active, use_cache)
     prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
@@ -147,11 +147,6 @@ def greedy_decode(
             active, prefixes = active[keep], prefixes[keep]
             step.reorder(keep, sentences_changed=True)
     return out[:, : t + 1] if out.size(1) else out
-
-
-def masks_of(src: Tensor, pad_id: int) -> Tensor:
-    """``(B, S)`` True where ``src`` holds a real token."""
-    return src != pad_id
 
 
 @torch.no_grad()
@@ -189,7 +184,7 @@ def beam_search(
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     config = model.config
     B, K, device = src.size(0), beam, src.device
-    limit = _limits(model, masks_of(src, config.pad_id), max_len_a, max_len)  # (B,)
+    limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=device)  # sentence of each group of K rows
     step = _Stepper(model, src, active.repeat_interleave(K), use_cache)
     prefixes = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)  # (R, t), R = n K
