@@ -177,13 +177,14 @@ def _fill_mask(args: argparse.Namespace) -> int:
             raise ValueError(f"no <mask> in {text!r}")
         masks = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
         print(text)
-        for position, candidates in zip(masks, fill_mask(model, ids, tokenizer.mask_id, args.top_k), strict=True):
+        results = fill_mask(model, ids, tokenizer.mask_id, args.top_k)
+        for n, (position, candidates) in enumerate(zip(masks, results, strict=True), start=1):
             if len(masks) > 1:
-                print(f"  <mask> {masks.index(position) + 1}:")
+                print(f"  <mask> {n}:")
             for token, p in candidates:
-                filled = [*ids[:position], token, *ids[position + 1 :]]
-                sentence = tokenizer.decode(filled) if len(masks) == 1 else ""
-                print(f"  {p:6.1%}  {tokenizer.decode([token]):<16} {sentence}".rstrip())
+                filler = tokenizer.decode([token]) or tokenizer.hf.id_to_token(token)  # a special token by name
+                sentence = tokenizer.decode([*ids[:position], token, *ids[position + 1 :]]) if len(masks) == 1 else ""
+                print(f"  {p:6.1%}  {filler:<16} {sentence}".rstrip())
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Decoding: generating target sequences from a trained model (§6.1).
+"""Decoding: translating with greedy and beam search (§6.1); sampling from a decoder-only
+language model and filling masks with an encoder-only one (last section, not in the paper).
 
 Legend: B batch (sentences), K beam size, S source length, L output length, V vocabulary.
 
@@ -24,9 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import Transformer
+from .model import DecoderOnly, EncoderOnly, Transformer
 
-__all__ = ["Hypothesis", "beam_search", "greedy_decode", "length_penalty", "translate_ids"]
+__all__ = [
+    "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
+    "sample", "sample_next", "translate_ids",
+]  # fmt: skip
 
 
 def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
@@ -300,10 +304,6 @@ def translate_ids(
 #
 # Not in the paper. Legend for this section: B samples, T prompt length (BOS included), L new
 # tokens, V vocabulary, M masks.
-
-from .model import DecoderOnly, EncoderOnly  # noqa: E402
-
-__all__ += ["filter_logits", "sample_next", "sample", "generate_ids", "fill_mask"]
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

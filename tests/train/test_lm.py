@@ -18,7 +18,7 @@ from aiayn.train.data import load_texts
 from aiayn.train.trainer import train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 
 
 def cycle(start: int, n: int) -> list[str]:
@@ -48,9 +48,9 @@ def cycle4(g: torch.Generator) -> list[str]:
 def config(root: Path, data_dir: Path, task: str, **train) -> RunConfig:
     values = {
         "data": {"format": "text", "dir": str(data_dir), "lang": "xx", "max_len": 32},
-        "model": {"N": 2, "d_model": 32, "d_ff": 64, "h": 2, "P_drop": 0.0},
-        "train": {"task": task, "vocab_size": 300, "max_tokens": 256, "warmup": 30, "lr_scale": 1.0,
-                  "eps_ls": 0.0, "max_steps": 150, "eval_every": 50, "checkpoint_every": None,
+        "model": {"N": 2, "d_model": 32, "d_ff": 64, "h": 2, "P_drop": 0.0, "norm_first": True},
+        "train": {"task": task, "vocab_size": 300, "max_tokens": 256, "warmup": 30, "lr_scale": 0.5,
+                  "eps_ls": 0.0, "max_steps": 300, "eval_every": 100, "checkpoint_every": None,
                   "checkpoint_minutes": None, "seed": 1, **train},
     }  # fmt: skip
     path = root / f"{task}.yaml"
@@ -65,7 +65,8 @@ def quiet(*args, **kwargs):
 def test_causal_lm_learns_a_deterministic_sequence_and_generates_it(tmp_path):
     data = write_text(tmp_path, eight_words)
     result = quiet(config(tmp_path, data, "lm"), tmp_path / "run")
-    assert result.dev_ppl < 1.3  # the first word is a 1-in-12 guess; every later token is determined
+    # the first word is a 1-in-12 guess, every later token determined: at best exp(ln 12 / 9) = 1.32
+    assert result.dev_ppl < 1.4
     model = DecoderOnly.from_pretrained(result.model_dir).eval()
     tokenizer = Tokenizer.load(result.model_dir / "tokenizer.json")
     for start in range(len(WORDS)):
@@ -76,8 +77,8 @@ def test_causal_lm_learns_a_deterministic_sequence_and_generates_it(tmp_path):
 
 def test_masked_lm_recovers_masked_tokens_of_a_repeating_pattern(tmp_path):
     data = write_text(tmp_path, cycle4)
-    result = quiet(config(tmp_path, data, "mlm", max_steps=200, lr_scale=2.0), tmp_path / "run")
-    assert result.dev_ppl < 1.5
+    result = quiet(config(tmp_path, data, "mlm", max_steps=800), tmp_path / "run")
+    assert result.dev_ppl < 1.4
     model = EncoderOnly.from_pretrained(result.model_dir).eval()
     tokenizer = Tokenizer.load(result.model_dir / "tokenizer.json")
     for start, position in [(0, 3), (1, 0), (2, 9), (3, 5), (0, 11), (2, 6)]:
