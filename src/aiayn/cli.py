@@ -71,11 +71,12 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def _load_model(directory: str):
+def _load_model(directory: str, architecture: str = "Transformer"):
+    """(model in eval mode, tokenizer) from a model directory; the wrong architecture is an error."""
+    from . import model as models
     from .data.tokenizer import TOKENIZER_NAME, Tokenizer
-    from .model import Transformer
 
-    model = Transformer.from_pretrained(directory).eval()
+    model = getattr(models, architecture).from_pretrained(directory).eval()
     return model, Tokenizer.load(Path(directory) / TOKENIZER_NAME)
 
 
@@ -148,12 +149,9 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
     from .decode import generate_ids
-    from .model import DecoderOnly
 
-    model = DecoderOnly.from_pretrained(args.model).eval()
-    tokenizer = Tokenizer.load(Path(args.model) / TOKENIZER_NAME)
+    model, tokenizer = _load_model(args.model, "DecoderOnly")
     for prompt in args.prompts:
         ids = tokenizer.encode(prompt)
         samples = generate_ids(
@@ -165,12 +163,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _fill_mask(args: argparse.Namespace) -> int:
-    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
     from .decode import fill_mask
-    from .model import EncoderOnly
 
-    model = EncoderOnly.from_pretrained(args.model).eval()
-    tokenizer = Tokenizer.load(Path(args.model) / TOKENIZER_NAME)
+    model, tokenizer = _load_model(args.model, "EncoderOnly")
     for text in args.texts:
         ids = tokenizer.encode(text)
         if tokenizer.mask_id not in ids:
