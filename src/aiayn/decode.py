@@ -150,7 +150,7 @@ def greedy_decode(
             keep = going.nonzero().squeeze(1)
             active, prefixes = active[keep], prefixes[keep]
             step.reorder(keep, sentences_changed=True)
-    return out[:, : t + 1] if out.size(1) else out
+    return out[:, : t + 1]  # limits are >= 1: the loop ran
 
 
 @torch.no_grad()
@@ -233,20 +233,6 @@ def beam_search(
     return results
 
 
-def _batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, at most ``max_tokens`` padded source
-    positions each (a longer sentence gets a batch of its own)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches, start = [], 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * lengths[order[end]] <= max_tokens:
-            end += 1
-        batches.append(order[start:end])
-        start = end
-    return batches
-
-
 def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, device: torch.device) -> Tensor:
     """Sources (ids without EOS) as a padded ``(B, S)`` batch, EOS appended (as in training)."""
     longest = max(len(s) for s in sources) + 1
@@ -273,9 +259,15 @@ def translate_ids(
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
     """
+    from .data.batching import TokenBatcher
+
+    if not sources:
+        return []
     config = model.config
     device = next(model.parameters()).device
-    batches = _batches([len(s) + 1 for s in sources], max(1, max_tokens // beam))
+    lengths = [(len(s) + 1, 0) for s in sources]  # source positions, EOS included
+    # a sentence longer than a batch gets a batch of its own
+    batches = TokenBatcher(lengths, max(max_tokens // beam, max(n for n, _ in lengths)), shuffle=False).batches
     results: list = [None] * len(sources)
     bar = None
     if progress:

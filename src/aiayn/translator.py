@@ -8,7 +8,6 @@ translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,7 +115,8 @@ class Translator:
     @torch.no_grad()
     def perplexity(self, sources: Sequence[str], references: Sequence[str], max_tokens: int = 4096) -> float:
         """exp(mean NLL per reference token, EOS included) under teacher forcing."""
-        from .evaluate import mean_nll
+        from .train.trainer import evaluate_loss
 
         pairs = list(zip(self.encode(sources), self.encode(references), strict=True))
-        return math.exp(min(mean_nll(self.model, pairs, max_tokens), 50.0))
+        device = next(self.model.parameters()).device
+        return evaluate_loss(self.model, pairs, max_tokens, device)[1]

@@ -109,6 +109,7 @@ def evaluate_loss(
     (default: translation). For the masked LM these are of the masked positions, chosen the
     same way at every evaluation (seeded by the batch), so that evaluations compare."""
     objective = objective or Translation()
+    training = model.training
     model.eval()
     batcher = TokenBatcher(objective.lengths(examples), max_tokens, shuffle=False)
     nll_sum, tokens = 0.0, 0
@@ -117,7 +118,7 @@ def evaluate_loss(
         _, nll = objective.loss(model, batch, 0.0)
         nll_sum += nll.item()
         tokens += batch.num_tokens
-    model.train()
+    model.train(training)
     nll = nll_sum / max(tokens, 1)
     return nll, math.exp(min(nll, 50))
 
