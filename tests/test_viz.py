@@ -1,6 +1,7 @@
 """Plots: attention maps of a translation (§3.2), positional encodings (§3.5), the learning-rate
 schedule (§5.3), and their command lines. The plotted arrays are checked against independent truth."""
 
+import json
 import math
 import struct
 from pathlib import Path
@@ -155,6 +156,34 @@ def test_attention_command(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--kind", "enc,self"])
     assert "choose from enc,dec,cross" in capsys.readouterr().err
+
+
+def test_attention_command_max_len_limits_the_decoding(model_dir, maps, tmp_path, monkeypatch, capsys):
+    """The untrained model produces no EOS within 6 tokens (``maps``), so the limit decides the rows."""
+    drawn, plot_attention = [], viz.plot_attention
+    monkeypatch.setattr(viz, "plot_attention", lambda maps, **kw: drawn.append(maps) or plot_attention(maps, **kw))
+    argv = ["attention", "--model", str(model_dir), SENTENCE, "--out", str(tmp_path / "maps.png"), "--kind", "dec"]
+    assert main([*argv, "--max-len", "3"]) == 0
+    assert drawn[-1].target == maps.target[:3]  # <s> and 2 tokens; the 3rd output token is the forced EOS
+    assert main(argv) == 0
+    assert len(drawn[-1].target) > 6  # by default up to the source length + 50
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(SystemExit):
+            main([*argv, "--max-len", bad])
+        assert "not a positive integer" in capsys.readouterr().err
+
+
+def test_plot_run_is_one_png_and_leaves_the_backend_alone(tmp_path, monkeypatch):
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")  # the user's choice
+    train = [{"kind": "train", "step": s, "loss": 5 / s, "lr": 1e-3 * min(s**-0.5, s / 4**1.5)} for s in range(1, 9)]
+    dev = [{"kind": "dev", "step": s, "loss": 4 / s, "ppl": math.exp(4 / s)} for s in (4, 8)]
+    final = [{"kind": "final", "step": 8, "dev_loss": 0.5, "dev_ppl": 1.65, "dev_bleu": 12.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train + dev + final))
+    out = viz.plot_run(tmp_path)
+    assert out == tmp_path / "curves.png" and _png_size(out) == (1500, 400)
+    assert matplotlib.rcParams["backend"] == "svg"
 
 
 def test_plot_pe_and_lr_commands(tmp_path, capsys):

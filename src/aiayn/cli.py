@@ -8,7 +8,7 @@ aiayn generate --model runs/lm/model "The weather" --temperature 0.8 --top-p 0.9
 aiayn fill-mask --model runs/mlm/model "Das ist ein <mask> Haus."
 aiayn plot runs/ding
 aiayn plot pe | aiayn plot lr --config configs/ding.yaml
-aiayn attention --model runs/ding/model "Es war purer Zufall." --layers 0,2 --heads 0,1
+aiayn attention --model runs/ding/model "Es war purer Zufall." --layers 0,2 --heads 0,1 [--max-len 20]
 aiayn average runs/ding/checkpoints/step_* --out runs/ding/averaged
 aiayn copy-task
 """
@@ -213,7 +213,7 @@ def _attention(args: argparse.Namespace) -> int:
     from .viz import plot_attention, translation_attention
 
     model, tokenizer = _load_model(args.model)
-    maps = translation_attention(model, tokenizer, args.sentence)
+    maps = translation_attention(model, tokenizer, args.sentence, max_len=args.max_len)
     plot_attention(maps, kinds=args.kind, layers=args.layers, heads=args.heads, out=args.out)
     print(f"{maps.sentence}  ->  {maps.translation}")
     print(f"written {args.out}")
@@ -225,6 +225,16 @@ def _int_list(text: str) -> list[int]:
         return [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,2") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def _attention_kinds(text: str) -> list[str]:
@@ -382,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attention.add_argument(
         "--heads", type=_int_list, metavar="LIST", help="heads from 0, comma-separated, e.g. 0,1 (default: all)"
+    )
+    attention.add_argument(
+        "--max-len",
+        type=_positive_int,
+        metavar="N",
+        help="the most output tokens, EOS included: the rows of the decoder maps (default: source length + 50)",
     )
     attention.set_defaults(func=_attention)
 

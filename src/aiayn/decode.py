@@ -271,9 +271,9 @@ def translate_ids(
     results: list = [None] * len(sources)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(total=len(sources), desc="translate", unit="sent")
+        bar = progress_bar(total=len(sources), desc="translate", unit="sent")
     for batch in batches:
         src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
         if beam == 1 and nbest == 1:

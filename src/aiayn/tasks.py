@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from .decode import greedy_decode
 from .model import ModelConfig, Transformer
+from .progress import progress_bar
 from .train.schedule import inverse_sqrt_schedule
 
 __all__ = ["CopyTask", "copy_task_batch", "copy_task_accuracy", "train_copy_task"]
@@ -76,7 +76,7 @@ def train_copy_task(
     generator = torch.Generator().manual_seed(task.seed)
     losses = []
     model.train()
-    for _ in tqdm(range(task.steps), desc="copy task", disable=not progress):
+    for _ in progress_bar(range(task.steps), desc="copy task", disable=not progress):
         src, tgt = copy_task_batch(task.batch_size, task.length, task.vocab_size, generator)
         logits = model(src, tgt[:, :-1])  # (B, T, V)
         loss = F.cross_entropy(

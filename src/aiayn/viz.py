@@ -3,8 +3,9 @@ the positional encodings (§3.5) and the learning-rate schedule (§5.3).
 
 Legend: S source length, T target length, H heads.
 
-The plots other than ``plot_run`` return a ``matplotlib.figure.Figure`` made without pyplot
-(no global state, no backend switch, nothing to close); ``out`` also saves it as a PNG (Agg).
+Every figure is a ``matplotlib.figure.Figure`` made without pyplot (no global state, no backend
+switch, nothing to close). ``plot_run`` saves its figure as a PNG and returns the path; the
+others return the figure, which ``out`` also saves as a PNG (Agg).
 """
 
 from __future__ import annotations
@@ -56,17 +57,15 @@ def _records(run_dir: Path) -> list[dict]:
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw loss (train and dev), learning rate, dev perplexity and BLEU of a run into one PNG
     (default ``RUN/curves.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
     records = _records(run_dir)
     train = [r for r in records if r.get("kind") == "train"]
     dev = [r for r in records if r.get("kind") == "dev"]
     final = [r for r in records if r.get("kind") == "final"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig = Figure(figsize=(15, 4), layout="tight")
+    axes = fig.subplots(1, 3)
     ax = axes[0]
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, label="train (label-smoothed)")
     if dev:
@@ -90,10 +89,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set(xlabel="step", title="dev perplexity and BLEU")
     if dev:
         ax.legend(loc="upper right")
-    fig.tight_layout()
     out = Path(out) if out is not None else run_dir / "curves.png"
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out
 
 

@@ -8,9 +8,13 @@ Layout of ``RUN/checkpoints/step_00001000/``:
 - ``trainer_state.json``: step, epoch, position in the epoch's batches, elapsed time, the run
   config.
 
-A checkpoint is written into a temporary directory and renamed into place, then ``latest`` is
-rewritten atomically, so a kill at any moment leaves the last good checkpoint intact. Nothing is
-unpickled on load.
+A checkpoint is written into a temporary directory (``.step_00001000.tmp``), flushed to disk and
+renamed into place, so a ``step_*`` directory with ``trainer_state.json`` is complete. One is
+removed (rotation, or the same step saved again) by renaming it out of the ``step_*`` names
+first, so a kill during the deletion never leaves a half-deleted one that looks complete; the
+next save clears what such a kill leaves. ``latest`` names the newest checkpoint for people and
+scripts; it is rewritten after the rename, so a kill between the two leaves it one behind, and
+``latest_checkpoint`` goes by the directories instead. Nothing is unpickled on load.
 """
 
 from __future__ import annotations
@@ -64,13 +68,18 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if pointer.is_file():
-        path = pointer.parent / pointer.read_text().strip()
-        if (path / STATE_NAME).is_file():
-            return path
+    """The newest complete checkpoint of a run, or None. Not the ``latest`` file: a kill right
+    after a checkpoint's rename leaves that naming the one before."""
     checkpoints = list_checkpoints(run_dir)
     return checkpoints[-1] if checkpoints else None
+
+
+def _retire(path: Path) -> Path:
+    """Rename a checkpoint out of the ``step_*`` names before deleting it, so that a kill during
+    the deletion cannot leave a partial directory that ``list_checkpoints`` takes for one."""
+    trash = path.with_name(f".{path.name}.old")
+    os.replace(path, trash)
+    return trash
 
 
 def save_checkpoint(
@@ -85,8 +94,11 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state['step']:08d}"
+    for leftover in root.glob(".step_*"):  # a save or a removal that a kill cut short
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".latest.*.tmp"):  # atomic_write's, cut short likewise
+        leftover.unlink(missing_ok=True)
     final, tmp = root / name, root / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save(tmp / TOKENIZER_NAME)
     tensors, groups = _optimizer_tensors(optimizer)
@@ -99,12 +111,13 @@ def save_checkpoint(
     for f in tmp.iterdir():  # on disk before the rename makes the checkpoint visible
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
-    if final.exists():
-        shutil.rmtree(final)
+    # the same step saved again (the end of training, just after a checkpoint) replaces it
+    retired = [_retire(final)] if final.exists() else []
     os.replace(tmp, final)
     atomic_write(root / "latest", lambda path: Path(path).write_text(name + "\n"))
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    retired += [_retire(old) for old in list_checkpoints(run_dir)[:-keep]]
+    for path in retired:
+        shutil.rmtree(path)
     return final
 
 
