@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.data.batching import TokenBatcher, collate, padding_fraction
+from aiayn.data.batching import ResampledBatcher, TokenBatcher, collate, padding_fraction
 
 
 def random_lengths(n: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -33,6 +33,35 @@ def test_deterministic_under_seed_and_reshuffled_each_epoch():
     assert sorted(map(sorted, a.epoch(0))) == sorted(map(sorted, a.epoch(1)))  # same buckets
     assert TokenBatcher(lengths, 300, seed=2).epoch(0) != a.epoch(0)
     assert TokenBatcher(lengths, 300, shuffle=False).epoch(7) == TokenBatcher(lengths, 300, shuffle=False).batches
+
+
+def test_resampled_batcher_keeps_the_fixed_examples_and_draws_the_pool_without_repeats():
+    lengths = random_lengths(1000)
+    fixed, draw = 300, 200  # a pool of 700: epochs 0-2 draw 600 distinct, epoch 3 wraps around
+    batcher = ResampledBatcher(lengths, fixed, draw, max_tokens=400, seed=5)
+    drawn = []
+    for epoch in range(4):
+        batches = batcher.epoch(epoch)
+        members = sorted(i for b in batches for i in b)
+        assert members == sorted(batcher.members(epoch))  # every member once, nothing else
+        assert members[:fixed] == list(range(fixed)) and len(members) == fixed + draw
+        assert all(fixed <= i < 1000 for i in members[fixed:])
+        for b in batches:
+            assert len(b) * max(max(lengths[i]) for i in b) <= 400
+        drawn.append(set(members[fixed:]))
+    assert len(drawn[0] | drawn[1] | drawn[2]) == 600  # disjoint until the pool is used up
+    assert drawn[3] >= set(range(fixed, 1000)) - (drawn[0] | drawn[1] | drawn[2])  # the last 100, then the start
+    again = ResampledBatcher(lengths, fixed, draw, max_tokens=400, seed=5)
+    assert again.epoch(2) == batcher.epoch(2) and again.epoch(0) == batcher.epoch(0)  # a function of (seed, epoch)
+    assert ResampledBatcher(lengths, fixed, draw, max_tokens=400, seed=6).members(0) != batcher.members(0)
+
+
+def test_resampled_batcher_with_a_draw_larger_than_the_pool_takes_the_pool_once():
+    lengths = random_lengths(50)
+    batcher = ResampledBatcher(lengths, fixed=40, draw=25, max_tokens=200)
+    assert sorted(batcher.members(0)) == list(range(50)) == sorted(batcher.members(1))
+    with pytest.raises(ValueError, match="fixed"):
+        ResampledBatcher(lengths, fixed=60, draw=1, max_tokens=200)
 
 
 def test_padding_fraction_hand_computed():

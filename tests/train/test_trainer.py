@@ -123,6 +123,28 @@ def test_resume_after_kill_repeats_the_same_losses(tmp_path, corpus):
     assert got == expected  # step for step, bit for bit
 
 
+def test_resume_drops_a_metrics_line_cut_short_by_the_kill(tmp_path, corpus):
+    """A kill in the middle of a write to metrics.jsonl leaves a last line that is not JSON."""
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=2, eval_every=100)
+    train(RunConfig.from_yaml(config), tmp_path / "run", progress=False, log=lambda _: None)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"kind": "train", "step": 5, "loss": 2.71')  # no closing brace, no newline
+    longer = RunConfig.from_yaml(config, parse_overrides(["--train.max_steps", "6"]))
+    train(longer, tmp_path / "run", resume=True, progress=False, log=lambda _: None)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
+    assert 2.71 not in [r.get("loss") for r in records]
+
+
+def test_progress_bar_into_a_log_file_is_not_redrawn_every_step(tmp_path, corpus, capsys):
+    """stderr captured, as in `aiayn train ... 2> log`: not a terminal, so a redraw every 30 s."""
+    run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=12, checkpoint_every=None, eval_every=100))
+    train(run, tmp_path / "run", log=lambda _: None)  # with the progress bar
+    redraws = capsys.readouterr().err.count("train:")
+    assert 1 <= redraws <= 3  # the first and the last, one more if the run took over 30 s
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, corpus):
     run = RunConfig.from_yaml(write_config(tmp_path, corpus))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
@@ -158,3 +180,43 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, corpus):
     train(run, tmp_path / "run", progress=False, log=lambda _: None)
     with pytest.raises(ValueError, match="--resume"):
         train(run, tmp_path / "run", progress=False, log=lambda _: None)
+
+
+def write_phrases(root: Path, n: int = 200) -> None:
+    """Dictionary entries: single words and two-word phrases of the same 7-word dictionary."""
+    g = torch.Generator().manual_seed(1)
+    german = list(WORDS)
+    de, en = [], []
+    for _ in range(n):
+        words = [
+            german[i]
+            for i in torch.randint(0, len(german), (int(torch.randint(1, 3, (1,), generator=g)),), generator=g)
+        ]
+        de.append(" ".join(words))
+        en.append(" ".join(WORDS[w] for w in words))
+    (root / "phrases.de").write_text("\n".join(de) + "\n")
+    (root / "phrases.en").write_text("\n".join(en) + "\n")
+
+
+def test_phrases_resampled_each_epoch_resume_exactly(tmp_path):
+    """With data.resample_phrases the examples change every epoch; stopping after step 6 (inside the
+    second epoch) and resuming gives the losses of the uninterrupted run, step for step."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(data, n_train=60)
+    write_phrases(data)
+    config = write_config(tmp_path, data, max_steps=14, checkpoint_every=None, eval_every=100)
+    phrases = ["--data.phrases", "1.0", "--data.resample_phrases", "true"]
+    said: list[str] = []
+    full = RunConfig.from_yaml(config, parse_overrides(phrases))
+    result = train(full, tmp_path / "full", progress=False, log=said.append)
+    assert result.epoch >= 2  # the run crossed at least two epoch boundaries
+    assert any("a fresh draw of 60 each epoch" in line for line in said), said
+
+    first = RunConfig.from_yaml(config, parse_overrides([*phrases, "--train.max_steps", "6"]))
+    train(first, tmp_path / "parts", progress=False, log=lambda _: None)
+    train(full, tmp_path / "parts", resume=True, progress=False, log=lambda _: None)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "full")
+
+    with pytest.raises(ValueError, match=r"resample_phrases needs data\.phrases"):
+        RunConfig.from_yaml(config, parse_overrides(["--data.resample_phrases", "true"]))

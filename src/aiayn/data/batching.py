@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "TextBatch", "TokenBatcher", "collate", "collate_text", "padding_fraction"]
+__all__ = ["Batch", "ResampledBatcher", "TextBatch", "TokenBatcher", "collate", "collate_text", "padding_fraction"]
 
 
 @dataclass
@@ -143,6 +143,45 @@ class TokenBatcher:
             return self.batches
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return [self.batches[i] for i in torch.randperm(len(self.batches), generator=generator).tolist()]
+
+
+class ResampledBatcher:
+    """Token batches of fixed examples plus, each epoch, a fresh draw from a pool of extra examples
+    (Ding's phrase pairs: the run sees more of the dictionary, in the same ratio to the sentences).
+
+    Examples ``[0, fixed)`` are in every epoch. Epoch ``e`` adds ``draw`` examples of the pool
+    ``[fixed, len(lengths))``: the ``e``-th slice of one seeded permutation of the pool, wrapping
+    around, so no pool example repeats before the whole pool has been seen. Each epoch's examples
+    are then batched as :class:`TokenBatcher` does. Everything is a function of the seed and the
+    epoch number, so a run can resume at any batch.
+    """
+
+    def __init__(self, lengths: Sequence[tuple[int, int]], fixed: int, draw: int, max_tokens: int, seed: int = 0):
+        if not 0 <= fixed <= len(lengths):
+            raise ValueError(f"fixed={fixed} must be between 0 and the {len(lengths)} examples")
+        self.lengths, self.fixed, self.max_tokens, self.seed = lengths, fixed, max_tokens, seed
+        pool = len(lengths) - fixed
+        self.draw = min(draw, pool)
+        generator = torch.Generator().manual_seed(seed)
+        self.order = (torch.randperm(pool, generator=generator) + fixed).tolist()
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def members(self, epoch: int) -> list[int]:
+        """The indices of the examples of ``epoch``: every fixed one, then that epoch's draw."""
+        pool, start = len(self.order), epoch * self.draw
+        drawn = [self.order[(start + i) % pool] for i in range(self.draw)] if pool else []
+        return list(range(self.fixed)) + drawn
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        """The batches (lists of example indices) of ``epoch``, in that epoch's order."""
+        if self._cached is None or self._cached[0] != epoch:
+            members = self.members(epoch)
+            batcher = TokenBatcher([self.lengths[i] for i in members], self.max_tokens, self.seed)
+            self._cached = epoch, [[members[i] for i in batch] for batch in batcher.epoch(epoch)]
+        return self._cached[1]
+
+    def __len__(self) -> int:
+        return len(self.epoch(0))
 
 
 def padding_fraction(lengths: Sequence[tuple[int, int]], batches: Sequence[Sequence[int]]) -> float:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import Dropout
+
 __all__ = ["PositionwiseFeedForward"]
 
 
@@ -26,7 +28,7 @@ class PositionwiseFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)  # W1, b1
         self.linear2 = nn.Linear(d_ff, d_model)  # W2, b2
         self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, d_model)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .attention import AttentionCache, MultiHeadAttention
 from .config import ModelConfig
+from .dropout import Dropout
 from .feed_forward import PositionwiseFeedForward
 
 __all__ = ["ResidualNorm", "EncoderLayer", "DecoderLayer"]
@@ -32,7 +33,7 @@ class ResidualNorm(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.P_drop)
+        self.dropout = Dropout(config.P_drop)
         self.norm_first = config.norm_first
 
     def before(self, x: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from . import masks
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer
 from .pretrained import PretrainedMixin
@@ -210,7 +211,7 @@ class Transformer(PretrainedMixin, nn.Module):
             self.tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model)
         self.src_positional = _positional(config)
         self.tgt_positional = _positional(config)
-        self.dropout = nn.Dropout(config.P_drop)
+        self.dropout = Dropout(config.P_drop)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, cross=True)
         self.output_projection = (
@@ -294,7 +295,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         self.config = config
         self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
         self.positional = _positional(config)
-        self.dropout = nn.Dropout(config.P_drop)
+        self.dropout = Dropout(config.P_drop)
         self.decoder = Decoder(config, cross=False)
         self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self)
@@ -361,7 +362,7 @@ class EncoderOnly(PretrainedMixin, nn.Module):
         self.config = config
         self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
         self.positional = _positional(config)
-        self.dropout = nn.Dropout(config.P_drop)
+        self.dropout = Dropout(config.P_drop)
         self.encoder = Encoder(config)
         self.mlm_head = MaskedLMHead(config)
         init_weights(self)

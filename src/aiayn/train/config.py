@@ -37,7 +37,9 @@ class DataConfig:
       ``{dir}/{split}.{lang}`` (one side of a parallel corpus, e.g. Ding's English) or explicit
       ``train_text``/``dev_text``/``test_text`` paths (any text file).
     ``phrases`` > 0 mixes in ``{dir}/phrases.{lang}`` pairs (Ding's dictionary entries), at most
-    that many per sentence pair (parallel formats only). Examples longer than ``max_len`` tokens
+    that many per sentence pair (parallel formats only): one seeded sample for the whole run, or,
+    with ``resample_phrases``, a fresh one each epoch, so that the run sees more of the dictionary
+    while the ratio to the sentences stays the same. Examples longer than ``max_len`` tokens
     are skipped and counted.
     """
 
@@ -54,6 +56,7 @@ class DataConfig:
     hf_name: str | None = None
     hf_config: str | None = None
     phrases: float = 0.0
+    resample_phrases: bool = False
     max_len: int = 128
     on_error: str = "raise"
     dev_size: int | None = None  # evaluate on the first N dev pairs (None: all)
@@ -71,6 +74,8 @@ class DataConfig:
             raise ValueError(f"data.on_error must be raise or skip, got {self.on_error!r}")
         if self.phrases < 0:
             raise ValueError("data.phrases must be >= 0")
+        if self.resample_phrases and not self.phrases:
+            raise ValueError("data.resample_phrases needs data.phrases > 0 (phrase pairs per sentence pair)")
 
 
 @dataclass(frozen=True)

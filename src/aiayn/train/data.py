@@ -10,7 +10,7 @@ from pathlib import Path
 from ..data.corpus import load_hf_dataset, read_jsonl, read_parallel, read_text, read_tsv
 from .config import DataConfig
 
-__all__ = ["load_split", "load_texts"]
+__all__ = ["load_phrases", "load_split", "load_texts"]
 
 
 def _path(data: DataConfig, split: str, side: str, suffix: str) -> Path | None:
@@ -27,7 +27,8 @@ def load_split(
 ) -> list[tuple[str, str]]:
     """The (source, target) pairs of ``split`` (train, dev or test). For train, Ding's phrase and
     word pairs are mixed in when ``data.phrases`` > 0: at most ``phrases`` of them per sentence
-    pair, drawn once with ``seed``. Every skipped line is counted in the printed report."""
+    pair, drawn once with ``seed`` (unless ``data.resample_phrases``: then the trainer draws them
+    each epoch from ``load_phrases``). Every skipped line is counted in the printed report."""
     if data.format == "hf":
         hf_split = {"dev": "validation"}.get(split, split)
         pairs, report = load_hf_dataset(
@@ -54,18 +55,28 @@ def load_split(
         else:
             pairs, report = read_jsonl(src, data.src_lang, data.tgt_lang, on_error=data.on_error)
     log(f"{split}: {report.summary()}")
-    if split == "train" and data.phrases > 0 and data.dir is not None:
-        phrase_src = Path(data.dir) / f"phrases.{data.src_lang}"
-        phrase_tgt = Path(data.dir) / f"phrases.{data.tgt_lang}"
-        if phrase_src.is_file() and phrase_tgt.is_file():
-            phrases, phrase_report = read_parallel(phrase_src, phrase_tgt, on_error=data.on_error)
-            n = min(len(phrases), int(data.phrases * len(pairs)))
-            chosen = random.Random(seed).sample(phrases, n)
-            log(f"phrases: {phrase_report.summary()}; mixing in {n:,} ({data.phrases:g} per sentence pair)")
-            pairs = pairs + chosen
-        else:
-            log(f"phrases: none found at {phrase_src}; training on sentences only")
+    if split == "train" and data.phrases > 0 and not data.resample_phrases:
+        phrases = load_phrases(data, log)
+        n = min(len(phrases), int(data.phrases * len(pairs)))
+        if n:
+            log(f"phrases: mixing in {n:,} ({data.phrases:g} per sentence pair), the same for every epoch")
+        pairs = pairs + random.Random(seed).sample(phrases, n)
     return pairs
+
+
+def load_phrases(data: DataConfig, log: Callable[[str], None] = print) -> list[tuple[str, str]]:
+    """All of Ding's phrase and word pairs, ``{dir}/phrases.{src_lang,tgt_lang}`` (written by
+    ``aiayn data ding``), or none when the files are not there (said in the log)."""
+    if data.dir is None:
+        return []
+    phrase_src = Path(data.dir) / f"phrases.{data.src_lang}"
+    phrase_tgt = Path(data.dir) / f"phrases.{data.tgt_lang}"
+    if not (phrase_src.is_file() and phrase_tgt.is_file()):
+        log(f"phrases: none found at {phrase_src}; training on sentences only")
+        return []
+    phrases, report = read_parallel(phrase_src, phrase_tgt, on_error=data.on_error)
+    log(f"phrases: {report.summary()}")
+    return phrases
 
 
 def load_texts(data: DataConfig, split: str, log: Callable[[str], None] = print, required: bool = True) -> list[str]:

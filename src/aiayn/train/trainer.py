@@ -25,15 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from ..data.batching import TokenBatcher, padding_fraction
+from ..data.batching import ResampledBatcher, TokenBatcher, padding_fraction
 from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
 from ..decode import translate_ids
 from ..evaluate import Scores, score_translations
 from ..model import DecoderOnly, EncoderOnly, Transformer
+from ..model.pretrained import atomic_write
+from ..progress import progress_bar
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig
+from .data import load_phrases
 from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
 from .objectives import Objective, Translation, objective_for
 from .schedule import paper_lr
@@ -61,10 +63,13 @@ class _Metrics:
     def __init__(self, path: Path, enabled: bool, keep_until_step: int | None) -> None:
         self.path, self.enabled = path, enabled
         if enabled and keep_until_step is not None and path.exists():
-            # resuming: drop what a killed run logged after its last checkpoint
+            # resuming: drop what a killed run logged after its last checkpoint, including a last
+            # line that the kill cut short (not JSON); rewritten atomically, as a kill may come again
             lines = [line for line in path.read_text().splitlines() if line.strip()]
+            if lines and not _is_json(lines[-1]):
+                lines.pop()
             kept = [line for line in lines if json.loads(line).get("step", 0) <= keep_until_step]
-            path.write_text("".join(line + "\n" for line in kept))
+            atomic_write(path, lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
         elif enabled and keep_until_step is None:
             path.write_text("")
         self.writer = None
@@ -87,7 +92,17 @@ class _Metrics:
                     self.writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record.get("step", 0))
 
 
-def _positions(batcher: TokenBatcher, epoch: int, index: int) -> Iterator[tuple[int, int, list[int]]]:
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _positions(
+    batcher: TokenBatcher | ResampledBatcher, epoch: int, index: int
+) -> Iterator[tuple[int, int, list[int]]]:
     """(epoch, index, batch) from a position on, across epochs."""
     while True:
         batches = batcher.epoch(epoch)
@@ -160,11 +175,15 @@ def train(
     # Data and tokenizer -----------------------------------------------------------------------
     train_raw = objective.load(run.data, "train", say, cfg.seed, required=True)
     dev_raw = objective.load(run.data, "dev", say, cfg.seed, required=False)
+    # with data.resample_phrases, a fresh draw of phrase pairs each epoch (ResampledBatcher)
+    pool_raw = load_phrases(run.data, say) if run.data.resample_phrases else []
+    draw = min(len(pool_raw), int(run.data.phrases * len(train_raw)))
     if checkpoint is not None:
         tokenizer = Tokenizer.load(checkpoint / TOKENIZER_NAME)
     else:
-        say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(train_raw):,} {unit} ...")
-        tokenizer = Tokenizer.train(objective.texts(train_raw), cfg.vocab_size)
+        bpe_raw = train_raw + random.Random(cfg.seed).sample(pool_raw, draw)
+        say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(bpe_raw):,} {unit} ...")
+        tokenizer = Tokenizer.train(objective.texts(bpe_raw), cfg.vocab_size)
         if d.main:
             tokenizer.save(out / TOKENIZER_NAME)
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
@@ -173,11 +192,24 @@ def train(
     if dev_raw:
         say(f"dev: {len(dev_examples):,} {unit}; skipped {dev_too_long:,} empty or too long")
 
-    lengths = objective.lengths(train_examples)
-    batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    batcher: TokenBatcher | ResampledBatcher
+    if pool_raw:
+        pool_examples, pool_skipped = objective.encode(tokenizer, pool_raw, run.data.max_len)
+        say(
+            f"phrases: {len(pool_examples):,} pairs (skipped {pool_skipped:,} empty or too long); a fresh draw "
+            f"of {draw:,} each epoch ({run.data.phrases:g} per sentence pair)"
+        )
+        fixed = len(train_examples)
+        train_examples = train_examples + pool_examples
+        lengths = objective.lengths(train_examples)
+        batcher = ResampledBatcher(lengths, fixed, draw, cfg.max_tokens, seed=cfg.seed)
+    else:
+        lengths = objective.lengths(train_examples)
+        batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    first = batcher.epoch(0)
     say(
-        f"batches: {len(batcher):,} per epoch of <= {cfg.max_tokens} positions per side; "
-        f"padding {padding_fraction(lengths, batcher.batches):.1%}; step = {cfg.accumulate} x {d.world} batches"
+        f"batches: {len(first):,} in the first epoch, of <= {cfg.max_tokens} positions per side; "
+        f"padding {padding_fraction(lengths, first):.1%}; step = {cfg.accumulate} x {d.world} batches"
     )
 
     # Model and optimizer ----------------------------------------------------------------------
@@ -188,10 +220,11 @@ def train(
     if d.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    fused = d.device.type == "cuda"
+    fused = d.device.type == "cuda"  # one kernel for the whole update; on the CPU, the multi-tensor
+    # (foreach) update instead of a Python loop over the parameters (~20% less optimizer time)
     optimizer = torch.optim.Adam(
         model.parameters(), lr=paper_lr(1, model_config.d_model, cfg.warmup, cfg.lr_scale),
-        betas=cfg.betas, eps=cfg.adam_eps, fused=fused,
+        betas=cfg.betas, eps=cfg.adam_eps, fused=fused, foreach=not fused,
     )  # fmt: skip
     state: dict[str, Any] = {"step": 0, "epoch": 0, "index": 0, "elapsed": 0.0}
     if checkpoint is not None:
@@ -218,7 +251,7 @@ def train(
     start = time.perf_counter()
     last_checkpoint_time = start
     train_loss = dev_loss = dev_ppl = None
-    bar = tqdm(total=cfg.max_steps, initial=step, disable=not (progress and d.main), desc="train", unit="step")
+    bar = progress_bar(total=cfg.max_steps, initial=step, disable=not (progress and d.main), desc="train", unit="step")
     model.train()
 
     def stop_reason() -> str | None:
@@ -264,7 +297,7 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         step += 1
         state["step"] = step
-        if state["index"] >= len(batcher):
+        if state["index"] >= len(batcher.epoch(epoch)):
             state["epoch"], state["index"] = epoch + 1, 0
         train_loss = all_reduce_sum(loss_sum, d).item() / tokens
         seconds = time.perf_counter() - step_start
@@ -276,8 +309,10 @@ def train(
                     "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
                 }
             )  # fmt: skip
+        # no refresh: update draws it when due, not every step into a log file (progress.py)
+        tok_s = positions / seconds
+        bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", epoch=epoch, refresh=False)
         bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{positions / seconds:,.0f}", epoch=epoch)
         if dev_examples and step % cfg.eval_every == 0:
             dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
             metrics.log({"kind": "dev", "step": step, "loss": round(dev_loss, 6), "ppl": round(dev_ppl, 3)})

@@ -1,0 +1,85 @@
+"""Dropout (§5.4) with the 16-bit CPU mask: its distribution, scale and gradient against the
+Bernoulli formula, checked statistically (5σ bounds) on a million elements."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn.model.dropout import Dropout, dropout, dropout_mask
+
+
+def bound(q: float, n: int) -> float:
+    return 5 * math.sqrt(q * (1 - q) / n)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
+def test_the_mask_keeps_each_element_with_probability_1_minus_p(p):
+    torch.manual_seed(0)
+    n = 1_000_000
+    mask = dropout_mask((1000, 1000), p)
+    assert mask.dtype == torch.bool and mask.shape == (1000, 1000)
+    q = 1 - p
+    assert abs(mask.float().mean().item() - q) < bound(q, n)
+    # every element on its own: rows, columns and both halves of each 32-bit draw
+    flat = mask.flatten()
+    for part in (flat[0::2], flat[1::2], mask[:, 0], mask[0, :]):
+        assert abs(part.float().mean().item() - q) < bound(q, part.numel())
+    # the two 16-bit halves of one draw are independent: P(both kept) = q²
+    both = (flat[0::2] & flat[1::2]).float().mean().item()
+    assert abs(both - q * q) < bound(q * q, n // 2)
+    # neighbours in a row: P(kept, kept) = q² as well
+    pairs = (mask[:, :-1] & mask[:, 1:]).float().mean().item()
+    assert abs(pairs - q * q) < bound(q * q, n)
+
+
+def test_odd_sizes_and_empty_tensors():
+    torch.manual_seed(0)
+    assert dropout_mask((3, 5, 7), 0.5).shape == (3, 5, 7)
+    assert dropout_mask((0, 4), 0.5).shape == (0, 4)
+    assert dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
+
+
+def test_kept_elements_are_scaled_so_the_expectation_is_x():
+    torch.manual_seed(1)
+    p = 0.1
+    x = torch.rand(1000, 1000) + 0.5
+    y = dropout(x, p)
+    kept = y != 0
+    q = 1 - round(p * 65536) / 65536  # the rounded probability the scale uses
+    assert abs(q - (1 - p)) <= 1 / 65536
+    torch.testing.assert_close(y[kept], x[kept] / q, rtol=1e-6, atol=0)
+    ratio = (y / x).mean().item()  # E[y / x] = 1, Var[y / x] = (1 - q) / q per element
+    assert abs(ratio - 1) < 5 * math.sqrt((1 - q) / q / x.numel())
+
+
+def test_the_gradient_is_the_same_mask_and_scale():
+    torch.manual_seed(2)
+    p = 0.3
+    x = torch.randn(64, 48, requires_grad=True)
+    y = dropout(x, p)
+    g = torch.randn_like(y)
+    y.backward(g)
+    q = 1 - round(p * 65536) / 65536
+    kept = y != 0  # x is never exactly 0 here
+    torch.testing.assert_close(x.grad, torch.where(kept, g / q, torch.zeros(())), rtol=1e-6, atol=0)
+
+
+def test_identity_in_eval_mode_and_at_p_0_zero_at_p_1():
+    x = torch.randn(8, 16)
+    module = Dropout(0.5).eval()
+    assert module(x) is x
+    assert dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.5)
+
+
+def test_seeded_masks_repeat():
+    x = torch.randn(32, 32)
+    torch.manual_seed(3)
+    a = Dropout(0.1).train()(x)
+    torch.manual_seed(3)
+    b = Dropout(0.1).train()(x)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, Dropout(0.1).train()(x))
