@@ -4,6 +4,7 @@ from pathlib import Path
 
 from .attention import AttentionCache, KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
+from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding, sinusoidal_encoding
 from .feed_forward import PositionwiseFeedForward
 from .layers import DecoderLayer, EncoderLayer, ResidualNorm
@@ -42,6 +43,7 @@ __all__ = [
     "DecoderLayer",
     "DecoderOnly",
     "DecoderOutput",
+    "Dropout",
     "Encoder",
     "EncoderLayer",
     "EncoderOnly",
