@@ -12,9 +12,11 @@ Two settings:
 All models: d_model 512, d_ff 2048, h 8, 6 + 6 layers, ReLU, vocabulary 8,000 shared and tied,
 √d_model-scaled embeddings, sinusoidal positions, dropout 0.1 on sublayers and embeddings,
 label-smoothed cross-entropy (0.1), Adam (0.9, 0.98, 1e-9). Each model runs in its own process,
-so its peak memory (max RSS) is its own. Tokens/s counts non-pad source + target tokens.
+so its peak memory (max RSS) is its own. Tokens/s counts non-pad source + target tokens. With
+``--interleave`` (equal batches) the three processes stay alive and take their timed steps in
+turn, so that slow spells of a shared machine fall on every model alike.
 
-    python bench/train_speed.py [--setting equal|ding|both] [--steps 4]
+    python bench/train_speed.py [--setting equal|ding|both] [--steps 4] [--interleave]
 """
 
 from __future__ import annotations
@@ -109,7 +111,10 @@ def useful_flops(src_tokens: int, tgt_tokens: int) -> int:
     return 6 * (ENCODER_LAYERS * src_tokens + (DECODER_LAYERS + 512 * VOCAB) * tgt_tokens)
 
 
-def worker(name: str, setting: str, steps: int) -> dict:
+def worker(name: str, setting: str, steps: int, interleave: bool = False) -> dict:
+    """Time ``steps`` training steps of one model after a warm-up step. With ``interleave`` the
+    worker says ``ready`` after the warm-up and then runs one step per ``step`` line on stdin
+    (answering ``ok``), so the parent can alternate the models step by step."""
     model = build(name).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     if setting == "equal":
@@ -120,6 +125,10 @@ def worker(name: str, setting: str, steps: int) -> dict:
         batches = ours if name == "aiayn" else theirs
     times, tokens, positions, flops = [], [], [], []
     for i, batch in enumerate(batches):
+        if interleave and i == 1:
+            print("ready", flush=True)
+        if interleave and i > 0 and sys.stdin.readline().strip() != "step":
+            break
         start = time.perf_counter()
         loss = loss_of(name, model, batch)
         loss.backward()
@@ -130,6 +139,8 @@ def worker(name: str, setting: str, steps: int) -> dict:
             tokens.append(batch.num_tokens + batch.num_src_tokens)
             positions.append(batch.src.numel() + batch.tgt_out.numel())
             flops.append(useful_flops(batch.num_src_tokens, batch.num_tokens))
+            if interleave:
+                print("ok", flush=True)
     return {
         "seconds": times, "tokens": tokens, "positions": positions, "flops": flops,
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -137,14 +148,43 @@ def worker(name: str, setting: str, steps: int) -> dict:
     }  # fmt: skip
 
 
+def run_interleaved(setting: str, steps: int) -> dict[str, dict]:
+    """One worker process per model, all alive at once, their timed steps taken in turn
+    (aiayn, Marian, torch, aiayn, ...), so that a slow spell of the machine falls on every model."""
+    procs = {}
+    for name in MODELS:  # set up one after the other: building and warming up are not timed
+        print(f"{setting}: {name} (set up) ...", flush=True)
+        cmd = [sys.executable, __file__, "--worker", name, setting, "--steps", str(steps), "--interleave"]
+        procs[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if procs[name].stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {name} worker did not start")
+    for step in range(steps):
+        print(f"{setting}: step {step + 1}/{steps} of each model ...", flush=True)
+        for name, proc in procs.items():
+            proc.stdin.write("step\n")
+            proc.stdin.flush()
+            if proc.stdout.readline().strip() != "ok":
+                raise RuntimeError(f"the {name} worker failed at step {step + 1}")
+    results = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate("")
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", choices=["equal", "ding", "both"], default="both")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per model and setting")
+    parser.add_argument(
+        "--interleave", action="store_true",
+        help="keep one process per model alive and alternate their steps (equal batches only: the "
+        "three models' memory must fit at once)",
+    )  # fmt: skip
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.steps)))
+        print(json.dumps(worker(*args.worker, args.steps, args.interleave)))
         return
     settings = ["equal", "ding"] if args.setting == "both" else [args.setting]
     print("measuring the fp32 matmul peak ...", flush=True)
@@ -152,7 +192,9 @@ def main() -> None:
     rows = []
     for setting in settings:
         results = {}
-        for name in MODELS:
+        if args.interleave and setting == "equal":
+            results = run_interleaved(setting, args.steps)
+        for name in MODELS if not results else []:
             print(f"{setting}: {name} ...", flush=True)
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", name, setting, "--steps", str(args.steps)],
