@@ -23,21 +23,24 @@ from aiayn.train.trainer import train
 WORDS = {"haus": "house", "katze": "cat", "hund": "dog", "rot": "red", "klein": "small", "groß": "big", "und": "and"}
 
 
+def write_split(root: Path, name: str, n: int, g: torch.Generator, max_words: int = 7) -> None:
+    """``{name}.de`` / ``{name}.en``: n word-by-word 'translations' of 1 to max_words words."""
+    german = list(WORDS)
+    de, en = [], []
+    for _ in range(n):
+        length = int(torch.randint(1, max_words + 1, (1,), generator=g))
+        words = [german[i] for i in torch.randint(0, len(german), (length,), generator=g)]
+        de.append(" ".join(words))
+        en.append(" ".join(WORDS[w] for w in words))
+    (root / f"{name}.de").write_text("\n".join(de) + "\n")
+    (root / f"{name}.en").write_text("\n".join(en) + "\n")
+
+
 def write_corpus(root: Path, n_train: int = 400, n_dev: int = 40, seed: int = 0) -> Path:
     """Word-by-word 'translations' from a 7-word dictionary: learnable in a few dozen steps."""
     g = torch.Generator().manual_seed(seed)
-    german = list(WORDS)
     for split, n in (("train", n_train), ("dev", n_dev)):
-        de, en = [], []
-        for _ in range(n):
-            words = [
-                german[i]
-                for i in torch.randint(0, len(german), (int(torch.randint(1, 8, (1,), generator=g)),), generator=g)
-            ]
-            de.append(" ".join(words))
-            en.append(" ".join(WORDS[w] for w in words))
-        (root / f"{split}.de").write_text("\n".join(de) + "\n")
-        (root / f"{split}.en").write_text("\n".join(en) + "\n")
+        write_split(root, split, n, g)
     return root
 
 
@@ -184,18 +187,7 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, corpus):
 
 def write_phrases(root: Path, n: int = 200) -> None:
     """Dictionary entries: single words and two-word phrases of the same 7-word dictionary."""
-    g = torch.Generator().manual_seed(1)
-    german = list(WORDS)
-    de, en = [], []
-    for _ in range(n):
-        words = [
-            german[i]
-            for i in torch.randint(0, len(german), (int(torch.randint(1, 3, (1,), generator=g)),), generator=g)
-        ]
-        de.append(" ".join(words))
-        en.append(" ".join(WORDS[w] for w in words))
-    (root / "phrases.de").write_text("\n".join(de) + "\n")
-    (root / "phrases.en").write_text("\n".join(en) + "\n")
+    write_split(root, "phrases", n, torch.Generator().manual_seed(1), max_words=2)
 
 
 def test_phrases_resampled_each_epoch_resume_exactly(tmp_path):
