@@ -180,9 +180,6 @@ class ResampledBatcher:
             self._cached = epoch, [[members[i] for i in batch] for batch in batcher.epoch(epoch)]
         return self._cached[1]
 
-    def __len__(self) -> int:
-        return len(self.epoch(0))
-
 
 def padding_fraction(lengths: Sequence[tuple[int, int]], batches: Sequence[Sequence[int]]) -> float:
     """Padding positions over all positions, source and target together."""

@@ -11,6 +11,8 @@ dropout is already fast) it is ``torch.nn.functional.dropout``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,9 +25,7 @@ _LEVELS = 1 << 16
 def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, generator: torch.Generator | None = None) -> Tensor:
     """A boolean mask of ``shape``, each element True (kept) with probability
     ``1 - round(p · 65536) / 65536``, independently, drawn from 16 random bits per element."""
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 1) // 2, dtype=torch.int32).random_(-(1 << 31), 1 << 31, generator=generator)
     bits = words.view(torch.int16)[:n].view(shape)  # uniform over [-32768, 32767]
     return bits >= -(_LEVELS // 2) + round(p * _LEVELS)

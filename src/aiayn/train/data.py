@@ -10,7 +10,7 @@ from pathlib import Path
 from ..data.corpus import load_hf_dataset, read_jsonl, read_parallel, read_text, read_tsv
 from .config import DataConfig
 
-__all__ = ["load_phrases", "load_split", "load_texts"]
+__all__ = ["load_phrases", "load_split", "load_texts", "sample_phrases"]
 
 
 def _path(data: DataConfig, split: str, side: str, suffix: str) -> Path | None:
@@ -56,12 +56,18 @@ def load_split(
             pairs, report = read_jsonl(src, data.src_lang, data.tgt_lang, on_error=data.on_error)
     log(f"{split}: {report.summary()}")
     if split == "train" and data.phrases > 0 and not data.resample_phrases:
-        phrases = load_phrases(data, log)
-        n = min(len(phrases), int(data.phrases * len(pairs)))
-        if n:
-            log(f"phrases: mixing in {n:,} ({data.phrases:g} per sentence pair), the same for every epoch")
-        pairs = pairs + random.Random(seed).sample(phrases, n)
+        chosen = sample_phrases(load_phrases(data, log), data.phrases, len(pairs), seed)
+        if chosen:
+            log(f"phrases: mixing in {len(chosen):,} ({data.phrases:g} per sentence pair), the same for every epoch")
+        pairs = pairs + chosen
     return pairs
+
+
+def sample_phrases(
+    phrases: list[tuple[str, str]], per_sentence: float, sentences: int, seed: int
+) -> list[tuple[str, str]]:
+    """A seeded sample of at most ``per_sentence`` phrase pairs per sentence pair."""
+    return random.Random(seed).sample(phrases, min(len(phrases), int(per_sentence * sentences)))
 
 
 def load_phrases(data: DataConfig, log: Callable[[str], None] = print) -> list[tuple[str, str]]:
