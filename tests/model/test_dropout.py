@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from aiayn.model.dropout import Dropout, dropout, dropout_mask
+from aiayn.model.dropout import Dropout, dropout, dropout_mask, scaled_dropout_mask
 
 
 def bound(q: float, n: int) -> float:
@@ -21,21 +21,35 @@ def test_the_mask_keeps_each_element_with_probability_1_minus_p(p):
     assert mask.dtype == torch.bool and mask.shape == (1000, 1000)
     q = 1 - p
     assert abs(mask.float().mean().item() - q) < bound(q, n)
-    # every element on its own: rows, columns and both halves of each 32-bit draw
+    # every element on its own: rows, columns and each 16-bit quarter of the 64-bit draws
     flat = mask.flatten()
-    for part in (flat[0::2], flat[1::2], mask[:, 0], mask[0, :]):
+    quarters = [flat[k::4] for k in range(4)]
+    for part in (*quarters, mask[:, 0], mask[0, :]):
         assert abs(part.float().mean().item() - q) < bound(q, part.numel())
-    # the two 16-bit halves of one draw are independent: P(both kept) = q²
-    both = (flat[0::2] & flat[1::2]).float().mean().item()
-    assert abs(both - q * q) < bound(q * q, n // 2)
+    # the quarters of one draw are independent: P(both kept) = q² for every pair
+    for i, j in ((0, 1), (1, 2), (2, 3), (0, 3), (0, 2)):
+        both = (quarters[i] & quarters[j]).float().mean().item()
+        assert abs(both - q * q) < bound(q * q, n // 4)
     # neighbours in a row: P(kept, kept) = q² as well
     pairs = (mask[:, :-1] & mask[:, 1:]).float().mean().item()
     assert abs(pairs - q * q) < bound(q * q, n)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_the_scaled_mask_is_the_boolean_mask_times_the_rounded_scale(p):
+    torch.manual_seed(4)
+    mask = dropout_mask((300, 301), p)
+    torch.manual_seed(4)
+    scaled = scaled_dropout_mask((300, 301), p)
+    assert scaled.dtype == torch.float32
+    q = 1 - round(p * 65536) / 65536
+    assert torch.equal(scaled, mask.float() / q)
+
+
 def test_odd_sizes_and_empty_tensors():
     torch.manual_seed(0)
     assert dropout_mask((3, 5, 7), 0.5).shape == (3, 5, 7)
+    assert scaled_dropout_mask((1, 3), 0.5).shape == (1, 3)
     assert dropout_mask((0, 4), 0.5).shape == (0, 4)
     assert dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
 

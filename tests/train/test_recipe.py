@@ -47,6 +47,35 @@ def test_label_smoothed_loss_equals_torch_cross_entropy(eps_ls):
     torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
 
 
+@pytest.mark.parametrize("eps_ls", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_gradient_equals_torch_autograd(eps_ls):
+    # the fused gradient p - q against autograd through torch's own label-smoothed cross-entropy
+    torch.manual_seed(1)
+    logits = torch.randn(40, 23, dtype=torch.float64)
+    target = torch.randint(0, 23, (40,))
+    ours = logits.clone().requires_grad_()
+    theirs = logits.clone().requires_grad_()
+    loss, _ = label_smoothed_loss(ours * 2.0, target, eps_ls)  # a non-leaf input, as in a model
+    (loss / 7).backward()
+    (F.cross_entropy(theirs * 2.0, target, label_smoothing=eps_ls, reduction="sum") / 7).backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_label_smoothed_loss_half_precision_logits_and_misuse():
+    torch.manual_seed(2)
+    logits = torch.randn(8, 11).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 11, (8,))
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    assert loss.dtype == nll.dtype == torch.float32 and not nll.requires_grad
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum"))
+    loss.backward(retain_graph=True)
+    assert logits.grad.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="backward can run once"):
+        loss.backward()
+    with pytest.raises(ValueError, match=r"expected logits \(N, V\) and target \(N,\)"):
+        label_smoothed_loss(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long))
+
+
 def test_label_smoothed_loss_hand_computed():
     # two classes, uniform logits: every term is log 2 whatever eps
     loss, nll = label_smoothed_loss(torch.zeros(3, 2), torch.tensor([0, 1, 0]), 0.1)
