@@ -81,14 +81,13 @@ class _Stepper:
     cache only the self-attention K/V need gathering when the rows stay within each sentence's
     beams (every beam of a sentence has the same encoder-decoder K/V)."""
 
-    def __init__(self, model: Transformer, src: Tensor, rows: Tensor, use_cache: bool) -> None:
+    def __init__(self, model: Transformer, src: Tensor, beam: int, steps: int, use_cache: bool) -> None:
         self.model, self.use_cache = model, use_cache
         enc = model.encode(src)
-        if use_cache:
-            self.cache = model.init_cache(enc.memory, enc.mask)
-            if rows.numel() != src.size(0) or not torch.equal(rows, torch.arange(src.size(0), device=src.device)):
-                self.cache.reorder(rows)
+        if use_cache:  # room for every step; the beams of a sentence share its encoder-decoder K/V
+            self.cache = model.init_cache(enc.memory, enc.mask).reserve(steps).expand(beam)
         else:
+            rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
             self.memory, self.memory_mask = enc.memory[rows], enc.mask[rows]
 
     def __call__(self, prefixes: Tensor, normalize: bool = True) -> Tensor:
@@ -134,7 +133,7 @@ def greedy_decode(
     B = src.size(0)
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=src.device)  # the sentences still decoding
-    step = _Stepper(model, src, active, use_cache)
+    step = _Stepper(model, src, 1, int(limit.max()), use_cache)
     prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
     out = torch.full((B, int(limit.max())), config.pad_id, dtype=torch.long, device=src.device)
     for t in range(out.size(1)):
@@ -190,7 +189,7 @@ def beam_search(
     B, K, device = src.size(0), beam, src.device
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=device)  # sentence of each group of K rows
-    step = _Stepper(model, src, active.repeat_interleave(K), use_cache)
+    step = _Stepper(model, src, K, int(limit.max()), use_cache)
     prefixes = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)  # (R, t), R = n K
     scores = torch.full((B, K), -torch.inf, device=device)  # log P of each live beam
     scores[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one

@@ -173,3 +173,46 @@ def test_cache_not_made_by_init_cache_keeps_the_memory_mask():
         cache = KVCache(len(model.decoder.layers), cross=True)
         steps = [model.decode(tgt[:, t : t + 1], enc.memory, enc.mask, cache=cache).logits for t in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["post-norm", "pre-norm"])
+def test_expanded_beams_share_one_cross_attention_cache_and_equal_the_replicated_batch(variant):
+    # beam search's cache life: expand to K beams, gather by parent within each sentence, drop a
+    # finished sentence; against recomputing every row from scratch on an explicitly replicated batch
+    model = build(Transformer, VARIANTS[variant])
+    src, K = padded_source(), 2
+    prefix, cont1, cont2, cont3 = tokens(3, 4, 13), tokens(6, 5, 14), tokens(6, 5, 15), tokens(4, 20, 16)
+    parents = torch.tensor([1, 1, 2, 3, 5, 4])  # rows stay within their sentence's two beams
+    keep = torch.tensor([0, 1, 5, 4])  # sentence 1 finished; sentence 2's beams swapped
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc.memory, enc.mask).reserve(30)
+        step_by_step(model, prefix, cache)
+        assert cache.self_attn[0]._k.size(2) == 30  # reserved at the first step, not 16
+        assert cache.expand(K) is cache and cache.group == K
+        assert cache.cross_attn[0].k.size(0) == 3 and cache.memory_mask.size(0) == 3  # one copy per sentence
+        got1 = step_by_step_from(model, cont1, cache)
+        cache.reorder(parents, cross=False)
+        got2 = step_by_step_from(model, cont2, cache)
+        cache.reorder(keep, cross=True)
+        assert cache.cross_attn[0].k.size(0) == 2 and cache.memory_mask.size(0) == 2
+        got3 = step_by_step_from(model, cont3, cache)  # 34 positions: past the reserved 30
+        rows = torch.arange(3).repeat_interleave(K)
+        hist1, src1 = torch.cat([prefix[rows], cont1], 1), src[rows]
+        hist2, src2 = torch.cat([hist1[parents], cont2], 1), src1[parents]
+        hist3, src3 = torch.cat([hist2[keep], cont3], 1), src2[keep]
+        want = [model(src1, hist1)[:, 4:], model(src2, hist2)[:, 9:], model(src3, hist3)[:, 14:]]
+    for got, expected in zip([got1, got2, got3], want, strict=True):
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_the_key_mask_stays_none_until_a_padded_position_arrives():
+    cache = KVCache(1)
+    real = torch.ones(2, 1, 1, 3, dtype=torch.bool)
+    assert cache.extend_key_mask(real) is None and cache.key_mask is None
+    cache.self_attn[0].length = 3  # as after appending those three positions
+    padded = torch.tensor([True, False]).view(2, 1, 1, 1)
+    mask = cache.extend_key_mask(padded)
+    assert torch.equal(mask, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool).view(2, 1, 1, 4))
+    cache.self_attn[0].length = 4
+    assert cache.extend_key_mask(real[:, :, :, :1]).shape == (2, 1, 1, 5)  # once kept, always extended

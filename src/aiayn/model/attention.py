@@ -73,9 +73,10 @@ class AttentionCache:
     """Keys and values of one attention sublayer, kept between decoding steps.
 
     Layout: ``k`` is ``(B, H, L, D_k)`` and ``v`` is ``(B, H, L, D_v)`` with ``L = length``.
-    Self-attention appends the new positions every step into a buffer that grows by doubling
-    (amortized O(1) per step, no re-copy of the whole prefix); encoder-decoder attention sets
-    them once per source (``static``).
+    Self-attention appends the new positions every step into a buffer of ``reserved`` positions
+    (known when the output length is bounded) that grows by doubling beyond it (amortized O(1)
+    per step, no re-copy of the whole prefix); encoder-decoder attention sets them once per
+    source (``static``).
     """
 
     def __init__(self) -> None:
@@ -83,6 +84,7 @@ class AttentionCache:
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
         self._spare: tuple[Tensor, Tensor] | None = None  # reorder's destination, reused
         self.length = 0
+        self.reserved = 0  # the capacity to allocate at the first append
         self.static = False
 
     @property
@@ -95,19 +97,19 @@ class AttentionCache:
 
     def set(self, k: Tensor, v: Tensor) -> None:
         """Store keys and values computed once (encoder-decoder attention)."""
-        self._k, self._v, self.length, self.static = k, v, k.size(2), True
+        self._k, self._v, self.length, self.static = k.contiguous(), v.contiguous(), k.size(2), True
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``(B, H, n, D)`` new keys and values; return all ``(B, H, length, D)``."""
         end = self.length + k.size(2)
         if self._k is None or end > self._k.size(2):
-            capacity = max(end, 2 * (self._k.size(2) if self._k is not None else 0), 16)
+            capacity = max(end, 2 * (self._k.size(2) if self._k is not None else 0), 16, self.reserved)
             new_k = k.new_empty(k.size(0), k.size(1), capacity, k.size(3))
             new_v = v.new_empty(v.size(0), v.size(1), capacity, v.size(3))
             if self.length:
                 new_k[:, :, : self.length] = self.k
                 new_v[:, :, : self.length] = self.v
-            self._k, self._v = new_k, new_v
+            self._k, self._v, self._spare = new_k, new_v, None
         self._k[:, :, self.length : end] = k
         self._v[:, :, self.length : end] = v
         self.length = end
@@ -117,14 +119,14 @@ class AttentionCache:
         """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
         if self._k is None:
             return
-        # The whole buffer, spare capacity included, so the next append need not regrow it; into
-        # a second buffer kept between calls: a fresh allocation this size costs more than the copy.
+        # Into a second buffer of the same capacity kept between calls (a fresh allocation this
+        # size costs more than the copy), and only the first ``length`` positions of it.
         spare_k, spare_v = self._spare if self._spare is not None else (self._k.new_empty(0), self._v.new_empty(0))
         if spare_k.shape[1:] != self._k.shape[1:] or spare_k.size(0) != indices.numel():
             spare_k = self._k.new_empty(indices.numel(), *self._k.shape[1:])
             spare_v = self._v.new_empty(indices.numel(), *self._v.shape[1:])
-        torch.index_select(self._k, 0, indices, out=spare_k)
-        torch.index_select(self._v, 0, indices, out=spare_v)
+        torch.index_select(self.k, 0, indices, out=spare_k[:, :, : self.length])
+        torch.index_select(self.v, 0, indices, out=spare_v[:, :, : self.length])
         self._spare = (self._k, self._v) if not self.static else None
         self._k, self._v = spare_k, spare_v
 
@@ -138,13 +140,16 @@ class KVCache:
         (empty for a decoder-only model).
         ``memory_mask``: the source padding mask ``(B, 1, 1, S)`` (True = real token), or None.
         ``key_mask``: which cached target positions are real tokens ``(B, 1, 1, length)``
-        (True = real, False = padding, e.g. of left-padded prompts), or None.
+        (True = real, False = padding, e.g. of left-padded prompts), or None while all are real.
         ``length``: the number of target positions already processed (the position offset of
         the next step).
+        ``group``: how many consecutive decoder rows share one row of the encoder-decoder K/V
+        and memory mask (the beams of one sentence: ``expand(K)``); 1 otherwise.
 
     It is passed to ``decode`` and returned by it; modules never keep it. ``reorder(indices)``
-    gathers every layer's rows by parent, for beam search (also to expand a batch to beams:
-    ``indices = arange(B).repeat_interleave(beam)``).
+    gathers every layer's rows by parent, for beam search. ``expand(K)`` turns each row into K
+    beams without copying the encoder-decoder K/V: the K queries of a sentence attend to its
+    one copy together (reading it once instead of K times).
     """
 
     def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
@@ -152,11 +157,44 @@ class KVCache:
         self.cross_attn = [AttentionCache() for _ in range(num_layers)] if cross else None
         self.memory_mask = memory_mask
         self.key_mask: Tensor | None = None
+        self.group = 1
 
-    def extend_key_mask(self, mask: Tensor) -> Tensor:
+    def reserve(self, length: int) -> KVCache:
+        """Allocate room for ``length`` target positions at the first step (no regrowing)."""
+        for layer_cache in self.self_attn:
+            layer_cache.reserved = length
+        return self
+
+    def expand(self, group: int) -> KVCache:
+        """Each decoder row becomes ``group`` consecutive rows (beams) sharing its encoder-decoder
+        K/V and memory mask, which stay one row per sentence."""
+        for layer_cache in self.self_attn:
+            if layer_cache._k is not None:
+                rows = torch.arange(layer_cache._k.size(0), device=layer_cache._k.device)
+                layer_cache.reorder(rows.repeat_interleave(group))
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.repeat_interleave(group, dim=0)
+        self.group *= group
+        return self
+
+    def reorder_self(self, indices: Tensor) -> None:
+        """Gather the self-attention K/V (and key mask) rows: row b becomes row ``indices[b]``."""
+        for layer_cache in self.self_attn:
+            layer_cache.reorder(indices)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, indices)
+
+    def extend_key_mask(self, mask: Tensor) -> Tensor | None:
         """Record the padding mask ``(B, 1, 1, n)`` of n new positions; return the whole
-        ``(B, 1, 1, length + n)`` mask of the self-attention keys."""
-        self.key_mask = mask if self.key_mask is None else torch.cat([self.key_mask, mask], dim=-1)
+        ``(B, 1, 1, length + n)`` mask of the self-attention keys, or None while every key is a
+        real token (no mask to apply: the usual case when translating)."""
+        if self.key_mask is None:
+            if bool(mask.all()):
+                return None
+            earlier = mask.new_ones(*mask.shape[:-1], self.length)  # the positions so far were all real
+            self.key_mask = torch.cat([earlier, mask], dim=-1)
+        else:
+            self.key_mask = torch.cat([self.key_mask, mask], dim=-1)
         return self.key_mask
 
     @property
@@ -166,13 +204,16 @@ class KVCache:
     def reorder(self, indices: Tensor, cross: bool = True) -> KVCache:
         """Row b becomes row ``indices[b]``. ``cross=False`` leaves the encoder-decoder K/V and
         the memory mask as they are: right (and cheaper) when every index stays among the rows
-        of the same source, as when beam search gathers a sentence's beams by parent."""
-        for layer_cache in self.self_attn + ((self.cross_attn or []) if cross else []):
-            layer_cache.reorder(indices)
-        if self.memory_mask is not None and cross:
-            self.memory_mask = self.memory_mask.index_select(0, indices)
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask.index_select(0, indices)
+        of the same source, as when beam search gathers a sentence's beams by parent. With
+        ``group`` K > 1, ``indices`` must keep each group of K rows within one sentence's group
+        (as beam search does): the sentence of new group j is that of row ``indices[j K]``."""
+        self.reorder_self(indices)
+        if cross:
+            sentences = indices[:: self.group] // self.group if self.group > 1 else indices
+            for layer_cache in self.cross_attn or []:
+                layer_cache.reorder(sentences)
+            if self.memory_mask is not None:
+                self.memory_mask = self.memory_mask.index_select(0, sentences)
         return self
 
 
@@ -257,7 +298,14 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, length, D)
         dropout_p = self.attention_dropout if self.training else 0.0
+        R, _, T, _ = q.shape
+        group = R // k.size(0)  # decoder rows (beams) per row of a shared encoder-decoder cache
+        if group > 1:  # the beams of a sentence attend together, as T·group queries of one row
+            q = q.view(-1, group, self.h, T, self.d_k).transpose(1, 2).reshape(-1, self.h, group * T, self.d_k)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
-        B, _, T, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T, self.h * self.d_v)  # (B, T, H*D_v)
+        if group > 1:  # (R / group, H, group T, ·) -> (R, H, T, ·)
+            out = out.view(-1, self.h, group, T, self.d_v).transpose(1, 2).reshape(R, self.h, T, self.d_v)
+            if weights is not None:
+                weights = weights.view(-1, self.h, group, T, k.size(2)).transpose(1, 2).reshape(R, self.h, T, -1)
+        out = out.transpose(1, 2).reshape(R, T, self.h * self.d_v)  # (R, T, H*D_v)
         return self.out_proj(out), weights
