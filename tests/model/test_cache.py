@@ -148,11 +148,9 @@ def test_chunks_of_any_size_equal_teacher_forcing(cls, variant):
 
 
 def test_decoder_only_cache_respects_left_padding():
-    """Batched prompts of different lengths are left-padded; the cache must not attend to the padding.
-
-    Fails today: with a cache, ``decode`` masks only causally (no padding mask) and the cache keeps
-    no record of which keys were padding, so real tokens attend to the pad positions, while the
-    same model without a cache masks them out."""
+    """Batched prompts of different lengths are left-padded; the cache must not attend to the
+    padding (the cache records which keys were padding in its key mask), as the same model
+    without a cache does not."""
     model = build(DecoderOnly, {})
     seq = tokens(2, 8, seed=10)
     seq[1, :3] = 0  # row 1: a 5-token prompt, left-padded to 8
@@ -216,3 +214,44 @@ def test_the_key_mask_stays_none_until_a_padded_position_arrives():
     assert torch.equal(mask, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool).view(2, 1, 1, 4))
     cache.self_attn[0].length = 4
     assert cache.extend_key_mask(real[:, :, :, :1]).shape == (2, 1, 1, 5)  # once kept, always extended
+
+
+def test_expanded_beams_return_per_row_attention_weights_and_keep_a_padded_key_mask():
+    # return_attention through the folded encoder-decoder attention, and a key mask (a padded
+    # target position) carried through expand and a reorder by parent
+    model = build(Transformer, {})
+    src, K = padded_source(), 2
+    prefix, cont = tokens(3, 3, 17), tokens(6, 4, 18)
+    prefix[1, 1] = 0  # a padded target position in sentence 1: the key mask is kept from here on
+    parents = torch.tensor([1, 0, 2, 3, 4, 4])
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc.memory, enc.mask)
+        step_by_step(model, prefix, cache)
+        assert cache.key_mask is not None
+        cache.expand(K).reorder(parents, cross=False)
+        outs = [model.decode(cont[:, t : t + 1], cache=cache, return_attention=True) for t in range(4)]
+        rows = torch.arange(3).repeat_interleave(K)[parents]
+        full = model.decode(torch.cat([prefix[rows], cont], 1), *model_memory(model, src[rows]), return_attention=True)
+    for t, out in enumerate(outs):
+        torch.testing.assert_close(out.logits[:, 0], full.logits[:, 3 + t], atol=ATOL, rtol=0)
+        for got, want in zip(out.cross_attention, full.cross_attention, strict=True):
+            assert got.shape == (6, 4, 1, src.size(1))
+            torch.testing.assert_close(got[:, :, 0], want[:, :, 3 + t], atol=ATOL, rtol=0)
+
+
+def model_memory(model, src):
+    enc = model.encode(src)
+    return enc.memory, enc.mask
+
+
+def test_expand_rejects_a_group_below_one_and_a_batch_that_does_not_fill_the_groups():
+    model = build(Transformer, {})
+    with torch.no_grad():
+        enc = model.encode(padded_source())
+        cache = model.init_cache(enc.memory, enc.mask)
+        with pytest.raises(ValueError, match="at least 1"):
+            cache.expand(0)
+        cache.expand(2)
+        with pytest.raises(ValueError, match="5 query rows do not fill 3 cached rows of 2 beams"):
+            model.decode(tokens(5, 1, 19), cache=cache)

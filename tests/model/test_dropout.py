@@ -97,3 +97,11 @@ def test_seeded_masks_repeat():
     b = Dropout(0.1).train()(x)
     assert torch.equal(a, b)
     assert not torch.equal(a, Dropout(0.1).train()(x))
+
+
+def test_other_dtypes_use_torch_dropout_with_its_exact_scale():
+    torch.manual_seed(5)
+    x = torch.ones(1000, 1000, dtype=torch.float64)
+    y = dropout(x, 0.1)
+    assert y.dtype == torch.float64
+    assert set(y.unique().tolist()) == {0.0, 1 / 0.9}  # exactly 1 / (1 - p), not a rounded scale

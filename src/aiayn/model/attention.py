@@ -1,7 +1,7 @@
 """Attention (§3.2): scaled dot-product attention, multi-head attention, and the KV cache.
 
 Legend: B batch, T query length, S key/value length, H heads (the paper's h),
-D_k / D_v per-head sizes (d_k, d_v).
+D_k / D_v per-head sizes (d_k, d_v), G beams sharing one row of a cache (beam search).
 
 Masks are boolean with ``True`` = may attend (see ``aiayn.model.masks``); this is the opposite
 of ``torch.nn.Transformer``'s convention.
@@ -86,6 +86,7 @@ class AttentionCache:
         self.length = 0
         self.reserved = 0  # the capacity to allocate at the first append
         self.static = False
+        self.group = 1  # decoder rows (beams) served by each row of a static cache
 
     @property
     def k(self) -> Tensor | None:
@@ -136,9 +137,10 @@ class KVCache:
 
     Layout:
         ``self_attn[l]``: the masked self-attention K/V of layer l, growing one step at a time.
-        ``cross_attn[l]``: the encoder-decoder K/V of layer l, computed once per source
-        (empty for a decoder-only model).
-        ``memory_mask``: the source padding mask ``(B, 1, 1, S)`` (True = real token), or None.
+        ``cross_attn[l]``: the encoder-decoder K/V of layer l, computed once per source, one row
+        per sentence: ``(B / group, H, S, D)`` (empty for a decoder-only model).
+        ``memory_mask``: the source padding mask ``(B / group, 1, 1, S)`` (True = real token), or
+        None.
         ``key_mask``: which cached target positions are real tokens ``(B, 1, 1, length)``
         (True = real, False = padding, e.g. of left-padded prompts), or None while all are real.
         ``length``: the number of target positions already processed (the position offset of
@@ -168,13 +170,17 @@ class KVCache:
     def expand(self, group: int) -> KVCache:
         """Each decoder row becomes ``group`` consecutive rows (beams) sharing its encoder-decoder
         K/V and memory mask, which stay one row per sentence."""
+        if group < 1:
+            raise ValueError(f"expand needs a group of at least 1 row, got {group}")
         for layer_cache in self.self_attn:
-            if layer_cache._k is not None:
-                rows = torch.arange(layer_cache._k.size(0), device=layer_cache._k.device)
+            if layer_cache.k is not None:
+                rows = torch.arange(layer_cache.k.size(0), device=layer_cache.k.device)
                 layer_cache.reorder(rows.repeat_interleave(group))
         if self.key_mask is not None:
             self.key_mask = self.key_mask.repeat_interleave(group, dim=0)
         self.group *= group
+        for layer_cache in self.cross_attn or []:
+            layer_cache.group = self.group
         return self
 
     def reorder_self(self, indices: Tensor) -> None:
@@ -276,7 +282,9 @@ class MultiHeadAttention(nn.Module):
             memory: ``(B, S, d_model)`` encoder output, for ``cross=True`` (may be None when
                 ``cache`` already holds its K/V).
             mask: boolean, ``True`` = may attend, broadcastable to ``(B, H, T, S)``.
-            cache: this sublayer's K/V from earlier steps; updated in place.
+            cache: this sublayer's K/V from earlier steps; updated in place. An encoder-decoder
+                cache expanded to G beams (``KVCache.expand``) holds one row per sentence for G
+                consecutive rows of ``x``; ``mask`` then has one row per sentence as well.
             need_weights: also return the attention weights ``(B, H, T, S)``.
 
         Shape: returns ``(B, T, d_model)`` and the weights or None.
@@ -298,14 +306,17 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, length, D)
         dropout_p = self.attention_dropout if self.training else 0.0
-        R, _, T, _ = q.shape
-        group = R // k.size(0)  # decoder rows (beams) per row of a shared encoder-decoder cache
-        if group > 1:  # the beams of a sentence attend together, as T·group queries of one row
-            q = q.view(-1, group, self.h, T, self.d_k).transpose(1, 2).reshape(-1, self.h, group * T, self.d_k)
+        B, _, T, _ = q.shape
+        G = cache.group if self.cross and cache is not None and cache.static else 1  # beams per cached row
+        if G > 1:  # the G beams of a sentence attend together, as G·T queries of its one K/V row
+            if G * k.size(0) != B:
+                raise ValueError(f"{B} query rows do not fill {k.size(0)} cached rows of {G} beams each")
+            q = q.view(-1, G, self.h, T, self.d_k).transpose(1, 2).reshape(-1, self.h, G * T, self.d_k)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
-        if group > 1:  # (R / group, H, group T, ·) -> (R, H, T, ·)
-            out = out.view(-1, self.h, group, T, self.d_v).transpose(1, 2).reshape(R, self.h, T, self.d_v)
+        if G > 1:  # out (B/G, H, G T, D_v), weights (B/G, H, G T, S) -> per row: (B, T, H*D_v), (B, H, T, S)
+            out = out.view(-1, self.h, G, T, self.d_v).permute(0, 2, 3, 1, 4).reshape(B, T, self.h * self.d_v)
             if weights is not None:
-                weights = weights.view(-1, self.h, group, T, k.size(2)).transpose(1, 2).reshape(R, self.h, T, -1)
-        out = out.transpose(1, 2).reshape(R, T, self.h * self.d_v)  # (R, T, H*D_v)
+                weights = weights.view(-1, self.h, G, T, k.size(2)).transpose(1, 2).reshape(B, self.h, T, -1)
+        else:
+            out = out.transpose(1, 2).reshape(B, T, self.h * self.d_v)  # (B, T, H*D_v)
         return self.out_proj(out), weights

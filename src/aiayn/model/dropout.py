@@ -8,8 +8,9 @@ gets 16 random bits instead, four per 64-bit draw, compared with a threshold: th
 distribution with P_drop rounded to a multiple of 1/65536. The mask is made once as floats
 holding 0 or the scale, so the forward and the backward pass are each one multiplication; in
 isolation this is about 4× faster than ``F.dropout`` per use. The scale uses the rounded
-probability, so the expectation stays exactly ``x``. On other devices (CUDA's fused dropout is
-already fast) it is ``torch.nn.functional.dropout``.
+probability, so the expectation stays exactly ``x``. The float mask kept for the backward pass
+takes 4 bytes per element where a boolean one takes 1. On other devices (CUDA's fused dropout
+is already fast) and for other dtypes it is ``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     when not training or ``p == 0``."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
-        return F.dropout(x, p, training)
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)  # the scale would be rounded to a narrower dtype
     kept = 1.0 - round(p * _LEVELS) / _LEVELS
     if kept == 0.0:
         return torch.zeros_like(x)
-    return x * scaled_dropout_mask(x.shape, p).to(x.dtype)  # the gradient: the same product
+    return x * scaled_dropout_mask(x.shape, p)  # the gradient: the same product
 
 
 class Dropout(nn.Module):
