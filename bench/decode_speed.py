@@ -9,7 +9,8 @@
 Work is equal: random weights (d_model 512, d_ff 2048, h 8, 6 + 6 layers, vocabulary 8,000,
 shared and tied), the same 64 random source sentences of 20-30 tokens, and every output forced to
 exactly ``--length`` tokens (EOS blocked before, as ``min_new_tokens`` does for Marian). Times are
-the median of ``--repeats`` runs; sentences/s = 64 / time. "Matmul FLOP/s" counts the linear
+the median of ``--repeats`` runs; in (ii) the runs of Marian, aiayn fp32 and aiayn int8 alternate
+(greedy, then beam 4); sentences/s = 64 / time. "Matmul FLOP/s" counts the linear
 layers' multiply-adds (2 per MAC) over the decoder steps and the encoder, against the machine's
 fp32 matmul peak.
 
@@ -68,6 +69,20 @@ def matmul_flops(src: torch.Tensor, length: int, beam: int) -> int:
     return encoder + cross_kv + SENTENCES * beam * length * step
 
 
+def alternating(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function: one warm-up each, then ``repeats`` rounds that run them in
+    turn (in reverse order every other round)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(repeats):
+        for name, fn in list(fns.items())[:: 1 if r % 2 == 0 else -1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: median(t) for name, t in times.items()}
+
+
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -116,8 +131,14 @@ def main() -> None:
     row("aiayn greedy, no cache (recompute prefix)", recompute, 1)
     cached = timed(lambda: greedy_decode(model, src, max_len=L, min_len=L), args.repeats)
     row("aiayn greedy, KV cache", cached, 1, peer=recompute)
-    # (ii) against Marian generate
-    hf_greedy = hf_beam = None
+    # (ii) against Marian generate: each group's runs alternate, so a slow spell of the machine
+    # falls on every decoder alike
+    runs = {
+        "greedy": lambda: greedy_decode(model, src, max_len=L, min_len=L),
+        "int8 greedy": lambda: greedy_decode(int8, src, max_len=L, min_len=L),
+        "beam": lambda: beam_search(model, src, beam=4, max_len=L, min_len=L),
+        "int8 beam": lambda: beam_search(int8, src, beam=4, max_len=L, min_len=L),
+    }
     if not args.skip_marian:
         hf = marian()
         attention_mask = (src != 0).long()
@@ -129,16 +150,19 @@ def main() -> None:
             )  # fmt: skip
             assert out.size(1) == L + 1, out.shape  # decoder start + L tokens
 
-        hf_greedy = row("Marian generate greedy (fp32)", timed(lambda: generate(1), args.repeats), 1)["seconds"]
-    row("aiayn greedy (fp32)", cached, 1, peer=hf_greedy)
-    int8_greedy = timed(lambda: greedy_decode(int8, src, max_len=L, min_len=L), args.repeats)
-    row("aiayn greedy (int8)", int8_greedy, 1, peer=hf_greedy)
-    if not args.skip_marian:
-        hf_beam = row("Marian generate beam 4 (fp32)", timed(lambda: generate(4), args.repeats), 4)["seconds"]
-    beam = timed(lambda: beam_search(model, src, beam=4, max_len=L, min_len=L), args.repeats)
-    row("aiayn beam 4 (fp32)", beam, 4, peer=hf_beam)
-    int8_beam = timed(lambda: beam_search(int8, src, beam=4, max_len=L, min_len=L), args.repeats)
-    row("aiayn beam 4 (int8)", int8_beam, 4, peer=hf_beam)
+        runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
+    greedy = alternating({k: runs[k] for k in ("Marian greedy", "greedy", "int8 greedy") if k in runs}, args.repeats)
+    hf_greedy = greedy.get("Marian greedy")
+    if hf_greedy is not None:
+        row("Marian generate greedy (fp32)", hf_greedy, 1)
+    row("aiayn greedy (fp32)", greedy["greedy"], 1, peer=hf_greedy)
+    row("aiayn greedy (int8)", greedy["int8 greedy"], 1, peer=hf_greedy)
+    beams = alternating({k: runs[k] for k in ("Marian beam", "beam", "int8 beam") if k in runs}, args.repeats)
+    hf_beam = beams.get("Marian beam")
+    if hf_beam is not None:
+        row("Marian generate beam 4 (fp32)", hf_beam, 4)
+    row("aiayn beam 4 (fp32)", beams["beam"], 4, peer=hf_beam)
+    row("aiayn beam 4 (int8)", beams["int8 beam"], 4, peer=hf_beam)
     result = {"machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "rows": rows}
     if args.model:
         result["ding"] = trained(args)
