@@ -151,18 +151,13 @@ def main() -> None:
             assert out.size(1) == L + 1, out.shape  # decoder start + L tokens
 
         runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
-    greedy = alternating({k: runs[k] for k in ("Marian greedy", "greedy", "int8 greedy") if k in runs}, args.repeats)
-    hf_greedy = greedy.get("Marian greedy")
-    if hf_greedy is not None:
-        row("Marian generate greedy (fp32)", hf_greedy, 1)
-    row("aiayn greedy (fp32)", greedy["greedy"], 1, peer=hf_greedy)
-    row("aiayn greedy (int8)", greedy["int8 greedy"], 1, peer=hf_greedy)
-    beams = alternating({k: runs[k] for k in ("Marian beam", "beam", "int8 beam") if k in runs}, args.repeats)
-    hf_beam = beams.get("Marian beam")
-    if hf_beam is not None:
-        row("Marian generate beam 4 (fp32)", hf_beam, 4)
-    row("aiayn beam 4 (fp32)", beams["beam"], 4, peer=hf_beam)
-    row("aiayn beam 4 (int8)", beams["int8 beam"], 4, peer=hf_beam)
+    for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
+        seconds = alternating({k: runs[k] for k in (f"Marian {kind}", kind, f"int8 {kind}") if k in runs}, args.repeats)
+        peer = seconds.get(f"Marian {kind}")
+        if peer is not None:
+            row(f"Marian generate {title} (fp32)", peer, beam)
+        row(f"aiayn {title} (fp32)", seconds[kind], beam, peer=peer)
+        row(f"aiayn {title} (int8)", seconds[f"int8 {kind}"], beam, peer=peer)
     result = {"machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "rows": rows}
     if args.model:
         result["ding"] = trained(args)
