@@ -159,7 +159,11 @@ class KVCache:
         self.cross_attn = [AttentionCache() for _ in range(num_layers)] if cross else None
         self.memory_mask = memory_mask
         self.key_mask: Tensor | None = None
-        self.group = 1
+
+    @property
+    def group(self) -> int:
+        """Decoder rows per row of the encoder-decoder K/V (1 without them)."""
+        return self.cross_attn[0].group if self.cross_attn else 1
 
     def reserve(self, length: int) -> KVCache:
         """Allocate room for ``length`` target positions at the first step (no regrowing)."""
@@ -178,9 +182,8 @@ class KVCache:
                 layer_cache.reorder(rows.repeat_interleave(group))
         if self.key_mask is not None:
             self.key_mask = self.key_mask.repeat_interleave(group, dim=0)
-        self.group *= group
         for layer_cache in self.cross_attn or []:
-            layer_cache.group = self.group
+            layer_cache.group *= group
         return self
 
     def reorder_self(self, indices: Tensor) -> None:
@@ -215,7 +218,8 @@ class KVCache:
         (as beam search does): the sentence of new group j is that of row ``indices[j K]``."""
         self.reorder_self(indices)
         if cross:
-            sentences = indices[:: self.group] // self.group if self.group > 1 else indices
+            G = self.group
+            sentences = indices[::G] // G if G > 1 else indices
             for layer_cache in self.cross_attn or []:
                 layer_cache.reorder(sentences)
             if self.memory_mask is not None:
