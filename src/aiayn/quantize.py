@@ -9,6 +9,8 @@ Two modules are reshaped first so that every matrix product is an ``nn.Linear``:
 - encoder-decoder attention computes Q and [K; V] as two slices of one fused ``in_proj``
   (``MultiHeadAttention.project_q`` / ``project_kv``); here they become two Linear layers;
 - a tied pre-softmax projection (``TokenEmbedding.project``) becomes an untied Linear copy.
+aiayn's own ``Linear`` layers (``nn.Linear`` with a faster float32 CPU path) become plain
+``nn.Linear`` ones, which is what ``quantize_dynamic`` replaces.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .model import MultiHeadAttention, Transformer
+from .model.linear import Linear
 
 __all__ = ["quantize_int8"]
 
@@ -65,6 +68,9 @@ def quantize_int8(model: Transformer) -> Transformer:
         projection = nn.Linear(model.config.d_model, model.config.tgt_vocab_size, bias=False)
         projection.weight.copy_(model.tgt_embedding.weight)
         model.output_projection = projection
+    for module in model.modules():
+        if type(module) is Linear:  # same parameters; quantize_dynamic matches the exact type
+            module.__class__ = nn.Linear
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
         from torch.ao.quantization import quantize_dynamic

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear, linear
+
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "AttentionCache", "KVCache"]
 
 
@@ -252,8 +254,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.h, self.d_k, self.d_v, self.cross = h, d_k, d_v, cross
         self.attention_dropout = attention_dropout
-        self.in_proj = nn.Linear(d_model, h * (2 * d_k + d_v))  # [W^Q; W^K; W^V], all heads
-        self.out_proj = nn.Linear(h * d_v, d_model)  # W^O
+        self.in_proj = Linear(d_model, h * (2 * d_k + d_v))  # [W^Q; W^K; W^V], all heads
+        self.out_proj = Linear(h * d_v, d_model)  # W^O
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         B, L, _ = x.shape
@@ -262,12 +264,12 @@ class MultiHeadAttention(nn.Module):
     def project_q(self, x: Tensor) -> Tensor:
         """Q = x W^Q of encoder-decoder attention, split into heads: ``(B, T, d_model) -> (B, H, T, D_k)``."""
         q_size = self.h * self.d_k
-        return self._heads(F.linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size]), self.d_k)
+        return self._heads(linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size]), self.d_k)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``."""
         q_size = self.h * self.d_k
-        kv = F.linear(memory, self.in_proj.weight[q_size:], self.in_proj.bias[q_size:])  # (B, S, H*(D_k+D_v))
+        kv = linear(memory, self.in_proj.weight[q_size:], self.in_proj.bias[q_size:])  # (B, S, H*(D_k+D_v))
         k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 

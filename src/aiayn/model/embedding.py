@@ -14,6 +14,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .linear import linear
+
 __all__ = ["TokenEmbedding", "sinusoidal_encoding", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
 
@@ -38,7 +40,7 @@ class TokenEmbedding(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Pre-softmax linear transformation with the embedding matrix: ``(..., d_model) -> (..., V)``."""
-        return nn.functional.linear(x, self.weight)
+        return linear(x, self.weight)
 
 
 def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> Tensor:

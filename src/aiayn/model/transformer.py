@@ -26,6 +26,7 @@ from .config import ModelConfig
 from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer
+from .linear import Linear
 from .pretrained import PretrainedMixin
 
 __all__ = [
@@ -215,7 +216,7 @@ class Transformer(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, cross=True)
         self.output_projection = (
-            None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+            None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
         init_weights(self)
 
@@ -297,7 +298,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         self.positional = _positional(config)
         self.dropout = Dropout(config.P_drop)
         self.decoder = Decoder(config, cross=False)
-        self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.output_projection = None if config.tie_output else Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self)
 
     def init_cache(self) -> KVCache:
@@ -341,10 +342,10 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.dense = Linear(config.d_model, config.d_model)
         self.activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.projection = None if config.tie_output else Linear(config.d_model, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: Tensor, embedding: TokenEmbedding) -> Tensor:

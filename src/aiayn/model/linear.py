@@ -1,0 +1,54 @@
+"""Linear layers y = x Wᵀ + b: every projection of §3 (W^Q, W^K, W^V and W^O of §3.2.2, W1 and
+W2 of §3.3, the pre-softmax projection of §3.4), with a faster CPU path for decoding steps.
+
+Legend: R rows (every dimension of x but the last), d_in, d_out the sizes of W ``(d_out, d_in)``.
+
+Not in the paper: at a decoding step each projection sees one row per sentence (or beam), a
+short, wide product. For those the CPU GEMM under torch 2.13 (MKL sgemm) runs 5-40% faster
+when asked for the transposed product W xᵀ, (d_out, R), than for x Wᵀ (2-core AMD EPYC, base
+shapes, 32-128 rows; docs/benchmarks.md). ``linear`` takes that orientation for at most
+``SMALL_ROWS`` rows of float32 on the CPU with autograd off (decoding), and ``F.linear``
+otherwise: training, large batches, other devices and dtypes are untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Linear", "SMALL_ROWS", "linear"]
+
+SMALL_ROWS = 128  # above this the two orientations run alike (or x Wᵀ wins, for the vocabulary)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x Wᵀ + b, the values of ``F.linear``. Shape: ``(..., d_in) -> (..., d_out)``.
+
+    On the decoding path the result is the transposed view of the ``(d_out, R)`` product, not
+    contiguous: making it row-major costs as much as the orientation saves, and what follows
+    (the next projection, layer norm, attention) takes either layout. Use ``reshape`` (or
+    ``.contiguous()``) rather than ``view`` to merge its dimensions.
+    """
+    rows = x.numel() // x.size(-1) if x.size(-1) else 0
+    if (
+        rows == 0
+        or rows > SMALL_ROWS
+        or torch.is_grad_enabled()
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+    ):
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.size(-1))  # (R, d_in)
+    y = torch.mm(weight, x2.t()).t()  # (d_out, d_in) @ (d_in, R) -> (d_out, R), viewed as (R, d_out)
+    if bias is not None:
+        y = y + bias  # keeps y's layout (TensorIterator follows its input's strides)
+    return y.view(*x.shape[:-1], weight.size(0))
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) whose forward is ``linear``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
