@@ -65,6 +65,9 @@ def scaled_dot_product_attention(
         out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T, D_v)
     else:
         weights = None
+        # The fused CPU kernel needs each head's vectors contiguous; a decoding step's projections
+        # come transposed (model/linear.py), and without this torch falls back to its slow math path.
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if mask is not None:
         out = out.masked_fill(~valid, 0.0)
