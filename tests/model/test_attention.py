@@ -71,6 +71,19 @@ def test_fast_and_explicit_paths_equal_the_formula(mask_name):
     torch.testing.assert_close(explicit, expected, atol=1e-5, rtol=0)
 
 
+def test_fast_path_takes_strided_head_vectors():
+    """Queries, keys and values whose head vectors are strided (a decoding step's projections
+    come transposed, model/linear.py) give the formula's result on the fused path."""
+    q, k, v = qkv()
+    mask = MASKS["padding"]()
+    # the same values, laid out feature-major: stride 1 along the rows, not along the head vector
+    strided = [t.permute(3, 0, 1, 2).contiguous().permute(1, 2, 3, 0) for t in (q, k, v)]
+    assert all(t.stride(-1) != 1 for t in strided)
+    with torch.no_grad():
+        fast, _ = scaled_dot_product_attention(*strided, mask)
+    torch.testing.assert_close(fast, by_hand(q, k, v, mask), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("mask_name", list(MASKS))
 def test_fast_and_explicit_paths_have_equal_gradients(mask_name):
     mask = MASKS[mask_name]()

@@ -16,6 +16,11 @@ def test_linear_equals_f_linear_without_grad(shape, bias):
     with torch.no_grad():
         y = linear(x, weight, b)
     assert y.shape == (*shape[:-1], 24)
+    rows = y.numel() // 24
+    if 1 < rows <= SMALL_ROWS:  # the decoding path ran: its result is the transposed view
+        assert y.stride(-1) == rows
+    else:
+        assert y.is_contiguous()
     torch.testing.assert_close(y, F.linear(x, weight, b), rtol=1e-6, atol=1e-5)
 
 
@@ -25,9 +30,14 @@ def test_linear_keeps_dtype_and_gradients():
     with torch.no_grad():
         assert linear(x64, w64).dtype == torch.float64  # F.linear's path
         assert torch.equal(linear(x64, w64), F.linear(x64, w64))
+    x = torch.randn(4, 8, generator=g)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # autocast: F.linear's path and dtype
+        assert linear(x, w64.float(), torch.ones(6)).dtype == torch.bfloat16
     layer = Linear(8, 6)
     x = torch.randn(4, 8, generator=g, requires_grad=True)
-    layer(x).sum().backward()  # with autograd on, F.linear's path: gradients as usual
+    y = layer(x)
+    assert y.is_contiguous()  # with autograd on, F.linear's path: gradients as usual
+    y.sum().backward()
     torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(4, 8))
     torch.testing.assert_close(layer.weight.grad, x.detach().sum(0).expand(6, 8))
 

@@ -4,9 +4,10 @@ W2 of §3.3, the pre-softmax projection of §3.4), with a faster CPU path for de
 Legend: R rows (every dimension of x but the last), d_in, d_out the sizes of W ``(d_out, d_in)``.
 
 Not in the paper: at a decoding step each projection sees one row per sentence (or beam), a
-short, wide product. For those the CPU GEMM under torch 2.13 (MKL sgemm) runs 5-40% faster
-when asked for the transposed product W xᵀ, (d_out, R), than for x Wᵀ (2-core AMD EPYC, base
-shapes, 32-128 rows; docs/benchmarks.md). ``linear`` takes that orientation for at most
+short, wide product. For those the CPU GEMM under torch 2.13 (MKL sgemm) is mostly faster
+when asked for the transposed product W xᵀ, (d_out, R), than for x Wᵀ: 1.1-2.8x at 2-128
+rows for most base shapes, as fast at 1 row, 0.8-0.9x only for 512 -> 512 at 8 rows (2-core
+AMD EPYC; docs/benchmarks.md). ``linear`` takes that orientation for at most
 ``SMALL_ROWS`` rows of float32 on the CPU with autograd off (decoding), and ``F.linear``
 otherwise: training, large batches, other devices and dtypes are untouched.
 """
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 __all__ = ["Linear", "SMALL_ROWS", "linear"]
 
-SMALL_ROWS = 128  # above this the two orientations run alike (or x Wᵀ wins, for the vocabulary)
+SMALL_ROWS = 128  # above it an A/B of beam search (256 rows) showed no gain end to end
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -35,6 +36,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         rows == 0
         or rows > SMALL_ROWS
         or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")  # autocast's mm would run in bf16 and the bias add promote it back
         or x.device.type != "cpu"
         or x.dtype != torch.float32
         or weight.dtype != torch.float32
@@ -44,7 +46,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     y = torch.mm(weight, x2.t()).t()  # (d_out, d_in) @ (d_in, R) -> (d_out, R), viewed as (R, d_out)
     if bias is not None:
         y = y + bias  # keeps y's layout (TensorIterator follows its input's strides)
-    return y.view(*x.shape[:-1], weight.size(0))
+    return y.view(*x.shape[:-1], weight.size(0))  # (..., d_out)
 
 
 class Linear(nn.Linear):
