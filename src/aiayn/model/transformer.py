@@ -49,9 +49,9 @@ class EncoderOutput(NamedTuple):
 
 
 class DecoderOutput(NamedTuple):
-    """The decoder's result. With autograd off and at most 128 rows (a decoding step) the logits
-    may be a transposed view (``model/linear.py``): use ``reshape``, not ``view``, to merge
-    their last dimension."""
+    """The decoder's result. With autograd off and at most ``linear.SMALL_ROWS`` rows (a decoding
+    step) the logits may be a transposed view (``model/linear.py``): use ``reshape``, not
+    ``view``, to merge their last dimension."""
 
     logits: Tensor  # (B, T, V)
     cache: KVCache | None
