@@ -186,7 +186,7 @@ def test_expanded_beams_share_one_cross_attention_cache_and_equal_the_replicated
         enc = model.encode(src)
         cache = model.init_cache(enc.memory, enc.mask).reserve(30)
         step_by_step(model, prefix, cache)
-        assert cache.self_attn[0]._k.size(2) == 30  # reserved at the first step, not 16
+        assert cache.self_attn[0]._k.size(1) == 30  # reserved at the first step, not 16
         assert cache.expand(K) is cache and cache.group == K
         assert cache.cross_attn[0].k.size(0) == 3 and cache.memory_mask.size(0) == 3  # one copy per sentence
         got1 = step_by_step_from(model, cont1, cache)
@@ -255,3 +255,27 @@ def test_expand_rejects_a_group_below_one_and_a_batch_that_does_not_fill_the_gro
         cache.expand(2)
         with pytest.raises(ValueError, match="5 query rows do not fill 3 cached rows of 2 beams"):
             model.decode(tokens(5, 1, 19), cache=cache)
+
+
+@torch.no_grad()
+def test_the_cache_stores_each_rows_keys_and_values_as_one_block():
+    """Position-major buffers (B, capacity, H, D): row b's first ``length`` positions are one
+    contiguous run of length·H·D values, before and after a beam reorder, and the (B, H, L, D)
+    views hold exactly what was appended."""
+    model = build(Transformer, {})
+    H, D = model.config.h, model.config.d_k
+    src, tgt = padded_source(), tokens(3, 5, seed=2)
+    cache = model.init_cache(model.encode(src).memory, model.encode(src).mask)
+    appended = []
+    for t in range(tgt.size(1)):
+        model.decode(tgt[:, t : t + 1], cache=cache)
+        appended.append(cache.self_attn[0].k[:, :, -1:].clone())  # (B, H, 1, D) the new keys
+    cache.reorder(torch.tensor([2, 0, 0]))
+    for layer_cache in cache.self_attn + cache.cross_attn:
+        L = layer_cache.length
+        for buffer in (layer_cache._k, layer_cache._v):
+            rows = buffer[:, :L]  # (B, L, H, D)
+            assert rows.shape[2:] == (H, D)
+            assert rows.stride()[1:] == (H * D, D, 1)  # positions, then heads, then features
+            assert rows[0].is_contiguous()  # one block per row: what reorder copies
+    assert torch.equal(cache.self_attn[0].k, torch.cat(appended, dim=2)[[2, 0, 0]])
