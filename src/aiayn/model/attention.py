@@ -105,18 +105,9 @@ class AttentionCache:
     def v(self) -> Tensor | None:
         return None if self._v is None else self._v[:, : self.length].transpose(1, 2)  # (B, H, L, D_v)
 
-    @staticmethod
-    def _position_major(x: Tensor) -> Tensor:
-        """``(B, H, L, D)`` -> ``(B, L, H, D)`` with each position's H D values contiguous: a view
-        when ``x`` is already laid out so, else a copy."""
-        x = x.transpose(1, 2)  # (B, L, H, D)
-        if x.stride(3) != 1 or x.stride(2) != x.size(3) or x.stride(1) != x.size(2) * x.size(3):
-            x = x.contiguous()
-        return x
-
     def set(self, k: Tensor, v: Tensor) -> None:
-        """Store keys and values computed once (encoder-decoder attention)."""
-        self._k, self._v = self._position_major(k), self._position_major(v)
+        """Store keys and values ``(B, H, S, D)`` computed once (encoder-decoder attention)."""
+        self._k, self._v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # (B, S, H, D)
         self.length, self.static = k.size(2), True
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
