@@ -80,8 +80,8 @@ class AttentionCache:
     ``k`` is ``(B, H, L, D_k)`` and ``v`` is ``(B, H, L, D_v)`` with ``L = length``: views of
     buffers stored position-major, ``(B, capacity, H, D)``, so that each row's keys (or values)
     up to ``length`` are one contiguous block. Gathering rows by beam parent then copies one
-    block per row instead of H (``index_select`` about 2x faster in isolation at the base
-    shape, 15-20% in a beam-search profile: docs/benchmarks.md), and a step's append writes one
+    block per row instead of H (``index_select`` 1.6-2.1x faster in isolation at the base
+    shape, 16-21% in a beam-search profile: docs/benchmarks.md), and a step's append writes one
     ``H D`` run per row. Self-attention appends the new positions every step into a buffer of
     ``reserved`` positions (known when the output length is bounded) that grows by doubling
     beyond it (amortized O(1) per step, no re-copy of the whole prefix); encoder-decoder
