@@ -84,7 +84,7 @@ def test_translate_command_lines_stdin_nbest(model_dir, tmp_path, capsys, monkey
     file_out = capsys.readouterr().out.split("\n")
     assert len(file_out) == 5 and file_out[1] == file_out[2] == "" and file_out[4] == ""
     assert [file_out[0], file_out[3]] == args_out
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Das Haus ist groß.\nDer Hund.\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("Das Haus ist groß.\nDer Hund.\n".encode())))
     assert main(["translate", "--model", str(model_dir)]) == 0
     assert capsys.readouterr().out.splitlines() == args_out
     assert main(["translate", "--model", str(model_dir), "--nbest", "3", "Das Haus ist groß."]) == 0
@@ -95,6 +95,79 @@ def test_translate_command_lines_stdin_nbest(model_dir, tmp_path, capsys, monkey
     long = " ".join(["Haus"] * 60)
     assert main(["translate", "--model", str(model_dir), "--beam", "1", long]) == 0
     assert "aiayn translate: warning: 1 input(s) longer" in capsys.readouterr().err
+
+
+def test_translate_stream_equals_translate_and_reads_one_buffer_at_a_time(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    inputs = ["Das Haus ist groß.", "", "Der Hund bellt.", "Es war Zufall.", "  ", "Die Katze.", "Das Haus."]
+    for search in (dict(beam=2), dict(beam=1), dict(beam=2, nbest=2)):
+        whole = translator.translate(inputs, **search)
+        for buffer_size in (1, 3, 100):
+            streamed = list(translator.translate_stream(inputs, buffer_size, **search))
+            if "nbest" in search:  # scores agree to float rounding (other batches, other sums)
+                assert [[t for t, _ in n] for n in streamed] == [[t for t, _ in n] for n in whole]
+                assert [s for n in streamed for _, s in n] == pytest.approx([s for n in whole for _, s in n])
+            else:
+                assert streamed == whole
+    pulled = []
+
+    def lines():
+        for line in inputs:
+            pulled.append(line)
+            yield line
+
+    stream = translator.translate_stream(lines(), buffer_size=3, beam=1)
+    assert next(stream) == translator.translate(inputs[:1], beam=1)[0] and len(pulled) == 3
+    assert len(list(stream)) == len(inputs) - 1 and len(pulled) == len(inputs)
+    with pytest.raises(ValueError, match="buffer_size must be at least 1"):
+        next(translator.translate_stream(inputs, buffer_size=0))
+
+
+def test_translate_command_streams_lines_split_on_newline_only(model_dir, tmp_path, capsys, monkeypatch):
+    import io
+
+    translator = Translator.from_pretrained(model_dir)
+    lines = ["Das Haus ist groß.", "Der Hund\u2028bellt.", "", "Die Katze\x0cschläft.", "Es war Zufall."]
+    path = tmp_path / "in.txt"
+    path.write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode())  # BOM, CRLF, separators inside lines
+    expected = translator.translate(lines, beam=2)
+    for buffer_size in ("1", "2", "1000"):
+        argv = ["translate", "--model", str(model_dir), "--beam", "2", "--input", str(path)]
+        assert main([*argv, "--buffer-size", buffer_size]) == 0
+        out = capsys.readouterr()
+        assert out.out.split("\n")[:-1] == expected  # one line out per line in
+        assert "translate" in out.err and "5/5" in out.err  # a progress bar over the file's lines
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    assert main(["translate", "--model", str(model_dir), "--beam", "2", "--buffer-size", "2"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    # n-best indices count lines across buffers
+    argv = ["translate", "--model", str(model_dir), "--nbest", "2", "--beam", "2", "--buffer-size", "1", "--input"]
+    assert main([*argv, str(path)]) == 0
+    rows = [r.split("\t")[0] for r in capsys.readouterr().out.splitlines()]
+    assert rows == ["0", "0", "1", "1", "2", "3", "3", "4", "4"]  # the empty line 2 gives one empty row
+    # a line that is not UTF-8: a one-line error naming the file and the line
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"Das Haus.\nDer Hund.\nDie \xff Katze.\n")
+    assert main(["translate", "--model", str(model_dir), "--input", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "aiayn translate: error:" in err and "bad.txt:3: invalid UTF-8" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["translate", "--model", str(model_dir), "--buffer-size", "0", "x"])
+    assert e.value.code == 2
+    assert "--buffer-size: '0' is not a positive integer" in capsys.readouterr().err
+
+
+def test_translate_stops_quietly_when_the_reader_goes_away(model_dir, capsys, monkeypatch):
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["translate", "--model", str(model_dir), "Das Haus.", "Der Hund."]) == 1
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,9 @@ aiayn copy-task
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
 import time
 import warnings
@@ -81,10 +83,10 @@ def _load_model(directory: str, architecture: str = "Transformer"):
 
 
 def _read_lines(path: str) -> list[str]:
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    """The lines of a UTF-8 file, split on ``\\n`` only (``aiayn.data.corpus.read_lines``)."""
+    from .data.corpus import read_lines
+
+    return list(read_lines(path))
 
 
 def _one_line(text: str) -> str:
@@ -131,20 +133,27 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from .data.corpus import read_lines
+
     translator = _translator(args)
+    interactive = False
     if args.sentences:
-        sources = args.sentences
+        sources, total = args.sentences, len(args.sentences)
     elif args.input:
-        sources = _read_lines(args.input)
-    else:
-        sources = sys.stdin.read().splitlines()
-    results = translator.translate(sources, nbest=args.nbest, **_search(args))
+        sources, total = read_lines(args.input), sum(1 for _ in read_lines(args.input))
+    else:  # read as it comes: a pipe is translated while it is being written
+        sources, total, interactive = read_lines(sys.stdin.buffer, "<stdin>"), None, sys.stdin.isatty()
+    buffer_size = args.buffer_size if args.buffer_size is not None else (1 if interactive else 1000)
+    progress = not interactive and total != 0 and not args.sentences
+    results = translator.translate_stream(
+        sources, buffer_size, progress=progress, total=total, nbest=args.nbest, **_search(args)
+    )
     for i, result in enumerate(results):
         if args.nbest > 1:
             for text, score in result:
-                print(f"{i}\t{score:.4f}\t{_one_line(text)}")
+                print(f"{i}\t{score:.4f}\t{_one_line(text)}", flush=True)
         else:
-            print(_one_line(result))
+            print(_one_line(result), flush=True)
     return 0
 
 
@@ -324,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument(
         "--nbest", type=int, default=1, help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1)"
     )
+    translate.add_argument(
+        "--buffer-size",
+        type=_positive_int,
+        metavar="N",
+        help="read and translate N lines at a time, printing each buffer's results before reading on "
+        "(default 1000; 1 when stdin is a terminal)",
+    )
     translate.add_argument("sentences", nargs="*", help="sentences to translate")
     _add_search_arguments(translate)
     translate.set_defaults(func=_translate)
@@ -433,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader of stdout went away (``aiayn translate ... | head``): stop quietly
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # Python flushes stdout at exit,
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # which would fail again
         return 1
 
 

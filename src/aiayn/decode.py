@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -250,13 +251,15 @@ def translate_ids(
     beam: int = 1,
     alpha: float = 0.6,
     nbest: int = 1,
-    progress: bool = False,
+    progress: bool | Any = False,
 ) -> list[list[int]] | list[list[Hypothesis]]:
     """Translate many sources (token ids without EOS), batched by length; results in input order.
 
     ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
+    ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
+    (by the sentences of each batch) and left open.
     """
     from .data.batching import TokenBatcher
 
@@ -268,8 +271,8 @@ def translate_ids(
     # a sentence longer than a batch gets a batch of its own
     batches = TokenBatcher(lengths, max(max_tokens // beam, max(n for n, _ in lengths)), shuffle=False).batches
     results: list = [None] * len(sources)
-    bar = None
-    if progress:
+    bar = progress if progress is not True and progress is not False else None
+    if progress is True:
         from .progress import progress_bar
 
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
@@ -286,7 +289,7 @@ def translate_ids(
                 results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
         if bar is not None:
             bar.update(len(batch))
-    if bar is not None:
+    if progress is True:
         bar.close()
     return results
 

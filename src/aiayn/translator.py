@@ -4,13 +4,16 @@ translator = Translator.from_pretrained("runs/ding/model")
 translator.translate(["Es war purer Zufall."])            # beam 4, α = 0.6 (§6.1)
 translator.translate(["Es war purer Zufall."], beam=1)    # greedy
 translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...]]
+for line in translator.translate_stream(read_lines("big.de")):  # aiayn.data.read_lines: a file or
+    print(line)                                                   # a pipe, 1,000 lines at a time
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -86,7 +89,7 @@ class Translator:
         nbest: int = 1,
         max_tokens: int = 4096,
         max_len_a: int = 50,
-        progress: bool = False,
+        progress: bool | Any = False,
     ) -> list[str] | list[list[tuple[str, float]]]:
         """Translate ``sentences``; results in input order.
 
@@ -94,7 +97,8 @@ class Translator:
             beam: beam size (1: greedy). alpha: length penalty α. nbest: with ``nbest > 1`` each
                 result is a list of ``(translation, score)``, best first (score = log P / lp).
             max_tokens: source positions per batch. max_len_a: each output may be this many
-                tokens longer than its source. progress: show a progress bar.
+                tokens longer than its source. progress: show a progress bar (or advance a
+                tqdm bar of the caller's: ``translate_ids``).
         """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not one string")
@@ -110,6 +114,50 @@ class Translator:
                 results[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in result]
             else:
                 results[i] = self.tokenizer.decode(result)
+        return results
+
+    def translate_stream(
+        self,
+        sentences: Iterable[str],
+        buffer_size: int = 1000,
+        progress: bool = False,
+        total: int | None = None,
+        **search: Any,
+    ) -> Iterator[str | list[tuple[str, float]]]:
+        """Translate sentences as they come, e.g. the lines of a large file or of a pipe
+        (``aiayn.data.read_lines``, which removes the newlines): ``buffer_size`` sentences are read, translated as
+        ``translate`` does (batched by tokens, the longest together), and their results yielded
+        in input order before more input is read. Memory stays bounded and the first results
+        come early; a larger buffer batches sentences of similar length better.
+
+        ``search``: the keyword arguments of ``translate`` (beam, alpha, nbest, max_tokens,
+        max_len_a). ``progress`` shows one bar over all buffers, counting sentences, of
+        ``total`` if known. Yields one result per sentence, as ``translate`` returns them.
+        """
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+        bar = None
+        if progress:
+            from .progress import progress_bar
+
+            bar = progress_bar(total=total, desc="translate", unit="sent")
+        try:
+            buffer: list[str] = []
+            for sentence in sentences:
+                buffer.append(sentence)
+                if len(buffer) == buffer_size:
+                    yield from self._translate_buffer(buffer, bar, search)
+                    buffer = []
+            if buffer:
+                yield from self._translate_buffer(buffer, bar, search)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _translate_buffer(self, buffer: list[str], bar: Any, search: dict) -> list:
+        results = self.translate(buffer, progress=bar if bar is not None else False, **search)
+        if bar is not None:
+            bar.update(sum(1 for s in buffer if not s.strip()))  # empty lines, not run through the model
         return results
 
     @torch.no_grad()

@@ -148,3 +148,37 @@ def test_hf_dataset_bad_rows(tmp_path):
     assert pairs == [("Eins.", "One.")] and report.skipped_malformed == 1
     with pytest.raises(CorpusError, match="missing key 'de' or 'fr'"):
         load_hf_dataset("json", "de", "fr", data_files=str(path), cache_dir=str(tmp_path / "hf"))
+
+
+def test_read_lines_splits_on_newline_only_and_names_the_bad_line(tmp_path):
+    import io
+
+    from aiayn.data import read_lines
+
+    # a BOM, a CRLF line, U+2028 and a form feed inside lines (str.splitlines would split there),
+    # an empty line, no newline at the end
+    data = "\ufeffeins\r\nzwei\u2028drei\n\nvier\x0cfünf\nsechs".encode()
+    path = tmp_path / "in.txt"
+    path.write_bytes(data)
+    expected = ["eins", "zwei\u2028drei", "", "vier\x0cfünf", "sechs"]
+    assert list(read_lines(path)) == expected
+    assert len(expected) == data.count(b"\n") + 1  # wc -l, plus the unterminated last line
+    assert list(read_lines(io.BytesIO(data), "<stdin>")) == expected  # a stream reads the same
+    # a stream is read as it is consumed (a pipe: the first line is ready before the rest exists)
+    pulled = []
+
+    def pipe():
+        for line in (b"a\n", b"b\n", b"c\n"):
+            pulled.append(line)
+            yield line
+
+    lines = read_lines(pipe(), "<stdin>")
+    assert next(lines) == "a" and len(pulled) == 1
+    assert list(lines) == ["b", "c"] and len(pulled) == 3
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"gut\nauch gut\nschlecht \xff\n")
+    with pytest.raises(CorpusError, match=r"bad.txt:3: invalid UTF-8") as e:
+        list(read_lines(bad))
+    assert e.value.line == 3
+    with pytest.raises(CorpusError, match=r"^<stdin>:2: invalid UTF-8"):
+        list(read_lines(io.BytesIO(b"ok\n\xc3\n"), "<stdin>"))

@@ -1,6 +1,15 @@
 """Corpora: the Ding German–English dictionary and readers for users' own parallel data."""
 
-from .corpus import CorpusError, ReadReport, load_hf_dataset, read_jsonl, read_parallel, read_text, read_tsv
+from .corpus import (
+    CorpusError,
+    ReadReport,
+    load_hf_dataset,
+    read_jsonl,
+    read_lines,
+    read_parallel,
+    read_text,
+    read_tsv,
+)
 from .ding import DingCorpus, find_ding, parse_ding, prepare_ding, split_ding
 from .tokenizer import Tokenizer
 
@@ -17,5 +26,6 @@ __all__ = [
     "read_tsv",
     "read_jsonl",
     "read_text",
+    "read_lines",
     "load_hf_dataset",
 ]

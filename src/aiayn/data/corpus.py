@@ -17,11 +17,12 @@ the ``\\r`` of CRLF files with it); a UTF-8 byte-order mark at the start of a fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 __all__ = [
     "CorpusError",
@@ -30,6 +31,7 @@ __all__ = [
     "read_tsv",
     "read_jsonl",
     "read_text",
+    "read_lines",
     "load_hf_dataset",
 ]
 
@@ -115,13 +117,33 @@ class _Collector:
         return self.pairs, self.report
 
 
-def _raw_lines(path: PathLike) -> Iterator[bytes]:
-    """The lines of a file as bytes, split on b"\\n" only, without the newline."""
-    with open(path, "rb") as f:
+def _raw_lines(path: PathLike | BinaryIO) -> Iterator[bytes]:
+    """The lines of a file (a path, or a binary stream read as it comes) as bytes, split on
+    b"\\n" only, without the newline."""
+    with open(path, "rb") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
         for i, raw in enumerate(f):
             if i == 0 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             yield raw.rstrip(b"\n")
+
+
+def read_lines(source: PathLike | BinaryIO, name: str | None = None) -> Iterator[str]:
+    """The lines of UTF-8 text, one string each, as they are read: ``source`` is a path or a
+    binary stream (``sys.stdin.buffer``: a pipe is translated while it is still being written;
+    any iterable of byte lines will do).
+
+    Lines are split on ``\\n`` only, as ``wc -l`` counts them (``str.splitlines`` would also split
+    at U+2028, form feeds and other separators inside a sentence); the newline and the ``\\r`` of
+    a CRLF file are removed, nothing else; a byte-order mark at the start is dropped. A line
+    that is not UTF-8 raises :class:`CorpusError` naming ``name`` (default: the path) and the
+    1-based line.
+    """
+    name = name if name is not None else str(source)
+    for i, raw in enumerate(_raw_lines(source), start=1):
+        try:
+            yield raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{name}:{i}: invalid UTF-8 ({e.reason} at byte {e.start})", path=name, line=i) from None
 
 
 def _decode(raw: bytes, path: PathLike, line: int, collector: _Collector) -> str | None:
