@@ -71,6 +71,9 @@ def test_inputs_longer_than_the_model_are_truncated_with_a_warning(model_dir):
     with pytest.warns(UserWarning, match="1 input.* truncated"):
         out = translator.translate([long, "Das Haus."], beam=1)
     assert len(out) == 2
+    with pytest.warns(UserWarning) as record:  # streamed one at a time: one warning with the total
+        assert len(list(translator.translate_stream([long, "Das Haus.", long, long], buffer_size=1, beam=1))) == 4
+    assert [str(w.message) for w in record] == ["3 input(s) longer than the model's 47 tokens were truncated"]
 
 
 def test_translate_command_lines_stdin_nbest(model_dir, tmp_path, capsys, monkeypatch):
@@ -144,7 +147,7 @@ def test_translate_command_streams_lines_split_on_newline_only(model_dir, tmp_pa
     argv = ["translate", "--model", str(model_dir), "--nbest", "2", "--beam", "2", "--buffer-size", "1", "--input"]
     assert main([*argv, str(path)]) == 0
     rows = [r.split("\t")[0] for r in capsys.readouterr().out.splitlines()]
-    assert rows == ["0", "0", "1", "1", "2", "3", "3", "4", "4"]  # the empty line 2 gives one empty row
+    assert rows == ["0", "0", "1", "1", "2", "3", "3", "4", "4"]  # the empty line (index 2) gives one empty row
     # a line that is not UTF-8: a one-line error naming the file and the line
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"Das Haus.\nDer Hund.\nDie \xff Katze.\n")
@@ -157,17 +160,37 @@ def test_translate_command_streams_lines_split_on_newline_only(model_dir, tmp_pa
     assert "--buffer-size: '0' is not a positive integer" in capsys.readouterr().err
 
 
-def test_translate_stops_quietly_when_the_reader_goes_away(model_dir, capsys, monkeypatch):
-    class ClosedPipe:
-        def write(self, text):
-            raise BrokenPipeError(32, "Broken pipe")
+def test_translate_reads_a_pipe_and_stops_quietly_when_its_reader_goes_away(model_dir, tmp_path, capsys, monkeypatch):
+    import io
+    import os
+    import threading
 
-        def flush(self):
-            raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(sys, "stdout", ClosedPipe())
-    assert main(["translate", "--model", str(model_dir), "Das Haus.", "Der Hund."]) == 1
-    assert "Traceback" not in capsys.readouterr().err
+    translator = Translator.from_pretrained(model_dir)
+    lines = ["Das Haus ist groß.", "", "Der Hund bellt."]
+    expected = translator.translate(lines, beam=1)
+    fifo = tmp_path / "pipe"  # --input a named pipe: readable once only
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("".join(line + "\n" for line in lines)))
+    writer.start()
+    assert main(["translate", "--model", str(model_dir), "--beam", "1", "--input", str(fifo)]) == 0
+    writer.join()
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(line + "\n" for line in lines)))  # a stdin without .buffer
+    assert main(["translate", "--model", str(model_dir), "--beam", "1"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    assert main(["translate", "--model", str(model_dir), "--input", str(tmp_path)]) == 1  # a directory
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn translate: error:") and "Is a directory" in err and err.count("\n") == 1
+    # the reader of stdout closes it after one line (``| head -1``), with more output than a pipe holds
+    many = tmp_path / "many.txt"
+    many.write_text("Das Haus ist groß und der Hund bellt laut.\n" * 1500, encoding="utf-8")
+    argv = ["-m", "aiayn", "translate", "--model", str(model_dir), "--beam", "1", "--input", str(many)]
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = process.stdout.readline()
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait() == 1 and first.endswith(b"\n"), err
+    assert "Traceback" not in err and "Exception ignored" not in err and "Broken pipe" not in err
 
 
 @pytest.mark.parametrize(

@@ -136,24 +136,41 @@ def _translate(args: argparse.Namespace) -> int:
     from .data.corpus import read_lines
 
     translator = _translator(args)
-    interactive = False
-    if args.sentences:
-        sources, total = args.sentences, len(args.sentences)
-    elif args.input:
-        sources, total = read_lines(args.input), sum(1 for _ in read_lines(args.input))
-    else:  # read as it comes: a pipe is translated while it is being written
-        sources, total, interactive = read_lines(sys.stdin.buffer, "<stdin>"), None, sys.stdin.isatty()
+    with contextlib.ExitStack() as stack:
+        interactive = False
+        if args.sentences:
+            sources, total = args.sentences, len(args.sentences)
+        elif args.input:  # opened now: a missing file or a directory fails before any output
+            stream = stack.enter_context(open(args.input, "rb"))
+            # lines counted for the progress bar only where the file can be read twice (not a pipe)
+            total = sum(1 for _ in read_lines(args.input)) if os.path.isfile(args.input) else None
+            sources = read_lines(stream, args.input)
+        else:  # read as it comes: a pipe is translated while it is being written
+            stdin = getattr(sys.stdin, "buffer", None) or (line.encode("utf-8") for line in sys.stdin)
+            sources, total, interactive = read_lines(stdin, "<stdin>"), None, sys.stdin.isatty()
+        return _print_translations(translator, sources, total, interactive, args)
+
+
+def _print_translations(translator, sources, total: int | None, interactive: bool, args: argparse.Namespace) -> int:
     buffer_size = args.buffer_size if args.buffer_size is not None else (1 if interactive else 1000)
-    progress = not interactive and total != 0 and not args.sentences
+    # a bar only for files and pipes, and not on the terminal the translations are printed to
+    progress = not (args.sentences or interactive or total == 0 or getattr(sys.stdout, "isatty", bool)())
     results = translator.translate_stream(
         sources, buffer_size, progress=progress, total=total, nbest=args.nbest, **_search(args)
     )
-    for i, result in enumerate(results):
-        if args.nbest > 1:
-            for text, score in result:
-                print(f"{i}\t{score:.4f}\t{_one_line(text)}", flush=True)
-        else:
-            print(_one_line(result), flush=True)
+    try:
+        for i, result in enumerate(results):
+            if args.nbest > 1:
+                for text, score in result:
+                    print(f"{i}\t{score:.4f}\t{_one_line(text)}", flush=True)
+            else:
+                print(_one_line(result), flush=True)
+    except BrokenPipeError:  # the reader went away (``aiayn translate ... | head``): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)  # Python flushes stdout at exit, which would fail again
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
     return 0
 
 
@@ -338,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="read and translate N lines at a time, printing each buffer's results before reading on "
-        "(default 1000; 1 when stdin is a terminal)",
+        "(default 1000; 1 when reading what is typed at a terminal)",
     )
     translate.add_argument("sentences", nargs="*", help="sentences to translate")
     _add_search_arguments(translate)
@@ -447,12 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "takes_overrides", False):
                 return args.func(args, rest)
             return args.func(args)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # a missing or unreadable file, bad input: one line, no traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # the reader of stdout went away (``aiayn translate ... | head``): stop quietly
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # Python flushes stdout at exit,
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # which would fail again
         return 1
 
 

@@ -271,7 +271,7 @@ def translate_ids(
     # a sentence longer than a batch gets a batch of its own
     batches = TokenBatcher(lengths, max(max_tokens // beam, max(n for n, _ in lengths)), shuffle=False).batches
     results: list = [None] * len(sources)
-    bar = progress if progress is not True and progress is not False else None
+    bar = None if isinstance(progress, bool) else progress
     if progress is True:
         from .progress import progress_bar
 

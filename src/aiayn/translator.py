@@ -11,7 +11,7 @@ for line in translator.translate_stream(read_lines("big.de")):  # aiayn.data.rea
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,20 @@ class Translator:
 
     def encode(self, sentences: Sequence[str]) -> list[list[int]]:
         """Token ids of each sentence, truncated to ``max_source_tokens`` (with a warning)."""
+        ids, too_long = self._encode(sentences)
+        self._warn_truncated(too_long)
+        return ids
+
+    def _encode(self, sentences: Sequence[str]) -> tuple[list[list[int]], int]:
+        """Token ids truncated to ``max_source_tokens``, and how many were truncated."""
         ids = self.tokenizer.encode_batch(list(sentences))
         limit = self.max_source_tokens
-        too_long = sum(len(x) > limit for x in ids)
+        return [x[:limit] for x in ids], sum(len(x) > limit for x in ids)
+
+    def _warn_truncated(self, too_long: int) -> None:
         if too_long:
+            limit = self.max_source_tokens
             warnings.warn(f"{too_long} input(s) longer than the model's {limit} tokens were truncated", stacklevel=3)
-        return [x[:limit] for x in ids]
 
     @torch.no_grad()
     def translate(
@@ -100,13 +108,21 @@ class Translator:
                 tokens longer than its source. progress: show a progress bar (or advance a
                 tqdm bar of the caller's: ``translate_ids``).
         """
+        search = dict(beam=beam, alpha=alpha, nbest=nbest, max_tokens=max_tokens, max_len_a=max_len_a)
+        results, too_long = self._translate(sentences, progress, **search)
+        self._warn_truncated(too_long)
+        return results
+
+    def _translate(
+        self, sentences: Sequence[str], progress: bool | Any, nbest: int = 1, **search: Any
+    ) -> tuple[list, int]:
+        """``translate``'s results, and how many inputs were truncated (not warned of here);
+        ``search``: ``translate_ids``' keyword arguments."""
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not one string")
         keep = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = self.encode([sentences[i] for i in keep])
-        out = translate_ids(
-            self.model, sources, max_tokens, max_len_a, beam=beam, alpha=alpha, nbest=nbest, progress=progress
-        )
+        sources, too_long = self._encode([sentences[i] for i in keep])
+        out = translate_ids(self.model, sources, nbest=nbest, progress=progress, **search)
         empty: str | list[tuple[str, float]] = [("", 0.0)] if nbest > 1 else ""
         results: list = [empty] * len(sentences)
         for i, result in zip(keep, out, strict=True):
@@ -114,7 +130,7 @@ class Translator:
                 results[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in result]
             else:
                 results[i] = self.tokenizer.decode(result)
-        return results
+        return results, too_long
 
     def translate_stream(
         self,
@@ -125,40 +141,50 @@ class Translator:
         **search: Any,
     ) -> Iterator[str | list[tuple[str, float]]]:
         """Translate sentences as they come, e.g. the lines of a large file or of a pipe
-        (``aiayn.data.read_lines``, which removes the newlines): ``buffer_size`` sentences are read, translated as
-        ``translate`` does (batched by tokens, the longest together), and their results yielded
-        in input order before more input is read. Memory stays bounded and the first results
-        come early; a larger buffer batches sentences of similar length better.
+        (``aiayn.data.read_lines``, which removes the newlines).
 
-        ``search``: the keyword arguments of ``translate`` (beam, alpha, nbest, max_tokens,
-        max_len_a). ``progress`` shows one bar over all buffers, counting sentences, of
-        ``total`` if known. Yields one result per sentence, as ``translate`` returns them.
+        ``buffer_size`` sentences are read, translated as ``translate`` does (batched by tokens,
+        sentences of similar length together), and their results yielded in input order before
+        more input is read: memory stays bounded and the first results come early; a larger
+        buffer batches better. ``search``: the keyword arguments of ``translate`` (beam, alpha,
+        nbest, max_tokens, max_len_a). ``progress`` shows one bar over all buffers, counting
+        sentences, of ``total`` (default: ``len(sentences)`` when it has one). Inputs longer
+        than the model takes are truncated, with one warning at the end.
         """
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+        if total is None and isinstance(sentences, Sized):
+            total = len(sentences)
         bar = None
         if progress:
             from .progress import progress_bar
 
             bar = progress_bar(total=total, desc="translate", unit="sent")
+        too_long = 0
         try:
             buffer: list[str] = []
             for sentence in sentences:
                 buffer.append(sentence)
                 if len(buffer) == buffer_size:
-                    yield from self._translate_buffer(buffer, bar, search)
+                    results, truncated = self._translate_buffer(buffer, bar, search)
+                    too_long += truncated
+                    yield from results
                     buffer = []
             if buffer:
-                yield from self._translate_buffer(buffer, bar, search)
+                results, truncated = self._translate_buffer(buffer, bar, search)
+                too_long += truncated
+                yield from results
         finally:
             if bar is not None:
                 bar.close()
+        self._warn_truncated(too_long)
 
-    def _translate_buffer(self, buffer: list[str], bar: Any, search: dict) -> list:
-        results = self.translate(buffer, progress=bar if bar is not None else False, **search)
+    def _translate_buffer(self, buffer: list[str], bar: Any, search: dict) -> tuple[list, int]:
+        """One buffer of ``translate_stream``: results and truncations; empty lines advance the bar."""
+        results, too_long = self._translate(buffer, bar if bar is not None else False, **search)
         if bar is not None:
             bar.update(sum(1 for s in buffer if not s.strip()))  # empty lines, not run through the model
-        return results
+        return results, too_long
 
     @torch.no_grad()
     def perplexity(self, sources: Sequence[str], references: Sequence[str], max_tokens: int = 4096) -> float:

@@ -132,13 +132,15 @@ def read_lines(source: PathLike | BinaryIO, name: str | None = None) -> Iterator
     binary stream (``sys.stdin.buffer``: a pipe is translated while it is still being written;
     any iterable of byte lines will do).
 
-    Lines are split on ``\\n`` only, as ``wc -l`` counts them (``str.splitlines`` would also split
-    at U+2028, form feeds and other separators inside a sentence); the newline and the ``\\r`` of
-    a CRLF file are removed, nothing else; a byte-order mark at the start is dropped. A line
-    that is not UTF-8 raises :class:`CorpusError` naming ``name`` (default: the path) and the
+    Lines are split on ``\\n`` only, as ``wc -l`` counts them, plus a last line without one
+    (``str.splitlines`` would also split at U+2028, form feeds and other separators inside a
+    sentence); the newline and the ``\\r`` of a CRLF file are removed, nothing else; a
+    byte-order mark at the start is dropped. A line that is not UTF-8 raises
+    :class:`CorpusError` naming ``name`` (default: the path, or the stream's ``name``) and the
     1-based line.
     """
-    name = name if name is not None else str(source)
+    if name is None:
+        name = str(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "<stream>"))
     for i, raw in enumerate(_raw_lines(source), start=1):
         try:
             yield raw.removesuffix(b"\r").decode("utf-8")
