@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["main"]
@@ -151,26 +152,27 @@ def _translate(args: argparse.Namespace) -> int:
         return _print_translations(translator, sources, total, interactive, args)
 
 
-def _print_translations(translator, sources, total: int | None, interactive: bool, args: argparse.Namespace) -> int:
+def _print_translations(translator, sources: Iterable[str], total: int | None, interactive: bool, args) -> int:
+    """Print the translations of ``sources`` as each buffer is done (``Translator.translate_stream``)."""
     buffer_size = args.buffer_size if args.buffer_size is not None else (1 if interactive else 1000)
     # a bar only for files and pipes, and not on the terminal the translations are printed to
     progress = not (args.sentences or interactive or total == 0 or getattr(sys.stdout, "isatty", bool)())
     results = translator.translate_stream(
         sources, buffer_size, progress=progress, total=total, nbest=args.nbest, **_search(args)
     )
-    try:
-        for i, result in enumerate(results):
-            if args.nbest > 1:
-                for text, score in result:
-                    print(f"{i}\t{score:.4f}\t{_one_line(text)}", flush=True)
-            else:
-                print(_one_line(result), flush=True)
-    except BrokenPipeError:  # the reader went away (``aiayn translate ... | head``): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)  # Python flushes stdout at exit, which would fail again
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return 1
+    for i, result in enumerate(results):
+        if args.nbest > 1:
+            rows = [f"{i}\t{score:.4f}\t{_one_line(text)}" for text, score in result]
+        else:
+            rows = [_one_line(result)]
+        try:
+            print("\n".join(rows), flush=True)
+        except BrokenPipeError:  # stdout's reader went away (``aiayn translate ... | head``): stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)  # Python flushes stdout at exit, which would fail again
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return 1
     return 0
 
 
