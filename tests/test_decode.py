@@ -169,3 +169,43 @@ def test_translate_ids_keeps_input_order_across_batches():
     assert translate_ids(model, sources, max_tokens=12, beam=3) == expected  # several small batches
     greedy = [_trim(r) for r in greedy_decode(model, src).tolist()]
     assert translate_ids(model, sources, max_tokens=10) == greedy
+
+
+def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
+    ngrams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(ngrams) != len(set(ngrams))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_size_leaves_no_ngram_twice(n):
+    model, src = _model(seed=7, eos_boost=1.0), _sources([3, 6, 4, 8])
+    plain = [_trim(r) for r in greedy_decode(model, src, max_len=20).tolist()]
+    assert any(_repeats_an_ngram(out, n) for out in plain)  # the rule has something to do here
+    greedy = [_trim(r) for r in greedy_decode(model, src, max_len=20, no_repeat_ngram_size=n).tolist()]
+    beams = beam_search(model, src, beam=3, nbest=3, max_len=20, no_repeat_ngram_size=n)
+    assert not any(_repeats_an_ngram(out, n) for out in greedy)
+    assert not any(_repeats_an_ngram(h.tokens, n) for hyps in beams for h in hyps)
+    # the same with recomputation instead of the cache
+    recomputed = greedy_decode(model, src, max_len=20, no_repeat_ngram_size=n, use_cache=False).tolist()
+    assert [_trim(r) for r in recomputed] == greedy
+    again = beam_search(model, src, beam=3, nbest=3, max_len=20, no_repeat_ngram_size=n, use_cache=False)
+    assert [[h.tokens for h in hyps] for hyps in again] == [[h.tokens for h in hyps] for hyps in beams]
+    assert [_trim(r) for r in greedy_decode(model, src, max_len=20, no_repeat_ngram_size=0).tolist()] == plain
+
+
+def test_wide_beam_without_repeated_bigrams_finds_the_best_such_sequence_by_brute_force():
+    """As the brute-force test above, over the sequences whose outputs have no bigram twice."""
+    model = _model(seed=5, vocab_size=5, eos_boost=1.0)
+    src = torch.tensor([[3, 4, 3, EOS]])
+    L, alpha = 5, 0.6
+    truth = []
+    for n in range(1, L + 1):
+        for words in itertools.product([BOS, 3, 4], repeat=n - 1):
+            tokens = [*words, EOS]
+            if not _repeats_an_ngram(tokens, 2):
+                truth.append((_sequence_log_prob(model, src, tokens) / length_penalty(n, alpha), list(words)))
+    truth.sort(key=lambda x: x[0], reverse=True)
+    assert len(truth) < 1 + 3 + 9 + 27 + 81  # some sequences are excluded
+    found = beam_search(model, src, beam=len(truth), nbest=len(truth), alpha=alpha, max_len=L, no_repeat_ngram_size=2)
+    assert [h.tokens for h in found[0]] == [words for _, words in truth]
+    assert [h.score for h in found[0]] == pytest.approx([score for score, _ in truth], abs=1e-5)

@@ -126,6 +126,17 @@ def test_translate_stream_equals_translate_and_reads_one_buffer_at_a_time(model_
         next(translator.translate_stream(inputs, buffer_size=0))
 
 
+def test_no_repeat_ngram_flag_reaches_the_search(model_dir, capsys):
+    translator = Translator.from_pretrained(model_dir)
+    inputs = ["Das Haus ist groß.", "Der Hund bellt laut."]
+    plain = translator.translate(inputs, beam=2, max_len_a=20)
+    ruled = translator.translate(inputs, beam=2, max_len_a=20, no_repeat_ngram_size=1)
+    assert ruled != plain  # the tiny model repeats itself without the rule (the rule: test_decode.py)
+    argv = ["translate", "--model", str(model_dir), "--beam", "2", "--max-len-a", "20", *inputs]
+    assert main([*argv, "--no-repeat-ngram-size", "1"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == [" ".join(t.splitlines()) for t in ruled]  # one line each
+
+
 def test_translate_command_streams_lines_split_on_newline_only(model_dir, tmp_path, capsys, monkeypatch):
     import io
 

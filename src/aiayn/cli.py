@@ -102,7 +102,13 @@ def _translator(args: argparse.Namespace):
 
 
 def _search(args: argparse.Namespace) -> dict:
-    return dict(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, max_len_a=args.max_len_a)
+    return dict(
+        beam=args.beam,
+        alpha=args.alpha,
+        max_tokens=args.max_tokens,
+        max_len_a=args.max_len_a,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -294,6 +300,13 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-len-a", type=int, default=50, help="outputs may be this many tokens longer than the source (%(default)s)"
     )
     parser.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch (default %(default)s)")
+    parser.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no n-gram of N tokens twice in an output (default 0: off; not in the paper)",
+    )
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the Linear layers (CPU)")
     parser.add_argument("--device", help="cpu (default) or cuda")
 

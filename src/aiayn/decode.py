@@ -13,7 +13,9 @@ Conventions shared by greedy and beam search (as in fairseq):
 - sentence b may produce at most ``limit_b = (its source length) + max_len_a`` tokens, EOS
   included (§6.1: "maximum output length to input length + 50"), capped by ``max_len``; at
   the limit EOS is forced (scored with its real probability);
-- ``min_len`` forbids EOS before that many tokens (benchmarks use it to force equal lengths).
+- ``min_len`` forbids EOS before that many tokens (benchmarks use it to force equal lengths);
+- ``no_repeat_ngram_size`` n > 0 (not in the paper; fairseq's ``--no-repeat-ngram-size``)
+  forbids any token that would make an n-gram occur twice in the output; EOS stays allowed.
 """
 
 from __future__ import annotations
@@ -75,6 +77,30 @@ def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id
     return logp
 
 
+def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int, eos_id: int) -> Tensor:
+    """In place: -inf for every token that would repeat an n-gram of the output so far.
+
+    ``prefixes`` ``(R, 1 + t)`` (BOS, then t output tokens), ``logp`` ``(R, V)``. With n = 1 no
+    output token may come twice; with n >= 2 the token that followed each earlier occurrence of
+    the last n - 1 tokens is banned. EOS is never banned, so a row always has a way to end.
+    """
+    tokens = prefixes[:, 1:]  # (R, t)
+    t = tokens.size(1)
+    if n < 1 or t < n:  # no earlier n-gram to repeat yet
+        return logp
+    if n == 1:
+        rows = torch.arange(tokens.size(0), device=tokens.device)[:, None].expand_as(tokens)
+        banned, rows = tokens.reshape(-1), rows.reshape(-1)
+    else:
+        windows = tokens.unfold(1, n - 1, 1)  # (R, t - n + 2, n - 1): every run of n - 1 tokens
+        match = (windows[:, :-1] == windows[:, -1:]).all(-1)  # (R, t - n + 1): earlier runs equal to the last
+        rows, starts = match.nonzero(as_tuple=True)
+        banned = tokens[rows, starts + n - 1]  # the token that followed each such run
+    allowed = banned != eos_id
+    logp[rows[allowed], banned[allowed]] = -torch.inf
+    return logp
+
+
 class _Stepper:
     """Next-token log-probabilities for a set of prefixes, with or without the KV cache.
 
@@ -117,6 +143,7 @@ def greedy_decode(
     max_len_a: int = 50,
     min_len: int = 0,
     use_cache: bool = True,
+    no_repeat_ngram_size: int = 0,
 ) -> Tensor:
     """Pick the most likely token at every step until every sentence has produced EOS.
 
@@ -126,6 +153,7 @@ def greedy_decode(
         max_len, max_len_a, min_len: the output limits (module docstring); by default each
             sentence may produce its source length + 50 tokens.
         use_cache: run on the KV cache (default) or recompute the prefix each step.
+        no_repeat_ngram_size: n > 0 forbids repeating an n-gram of the output (module docstring).
 
     Returns:
         ``(B, L)`` output ids without BOS, each ending in EOS; positions after EOS hold ``pad_id``.
@@ -140,6 +168,7 @@ def greedy_decode(
     for t in range(out.size(1)):
         logits = step(prefixes, normalize=False)  # the argmax needs no softmax
         logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
+        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
         token = logits.argmax(dim=-1)  # (R,)
         out[active, t] = token
         prefixes = torch.cat([prefixes, token[:, None]], dim=1)
@@ -164,6 +193,7 @@ def beam_search(
     max_len_a: int = 50,
     min_len: int = 0,
     use_cache: bool = True,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam search with length penalty (§6.1: beam size 4, α = 0.6), batched over sentences.
 
@@ -179,7 +209,7 @@ def beam_search(
         beam: K; ``beam=1`` gives the greedy output.
         alpha: the length penalty's α (0: plain log-probability).
         nbest: how many hypotheses to return per sentence (<= beam), best first.
-        max_len, max_len_a, min_len, use_cache: as for ``greedy_decode``.
+        max_len, max_len_a, min_len, use_cache, no_repeat_ngram_size: as for ``greedy_decode``.
 
     Returns:
         for every sentence, its ``nbest`` best ``Hypothesis`` objects, best first.
@@ -199,6 +229,7 @@ def beam_search(
         n = active.numel()
         at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
         logp = _constrain(step(prefixes), t, at_limit, min_len, config.pad_id, config.eos_id)  # (R, V)
+        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
         top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
@@ -252,6 +283,7 @@ def translate_ids(
     alpha: float = 0.6,
     nbest: int = 1,
     progress: bool | Any = False,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[int]] | list[list[Hypothesis]]:
     """Translate many sources (token ids without EOS), batched by length; results in input order.
 
@@ -259,7 +291,8 @@ def translate_ids(
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
-    (by the sentences of each batch) and left open.
+    (by the sentences of each batch) and left open. ``no_repeat_ngram_size``: as for
+    ``greedy_decode``.
     """
     from .data.batching import TokenBatcher
 
@@ -279,12 +312,14 @@ def translate_ids(
     for batch in batches:
         src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
         if beam == 1 and nbest == 1:
-            out = greedy_decode(model, src, max_len_a=max_len_a).tolist()
+            out = greedy_decode(model, src, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size).tolist()
             for row, i in enumerate(batch):
                 ids = out[row]
                 results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
         else:
-            hyps = beam_search(model, src, beam=beam, alpha=alpha, nbest=nbest, max_len_a=max_len_a)
+            hyps = beam_search(
+                model, src, beam, alpha, nbest, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size
+            )
             for row, i in enumerate(batch):
                 results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
         if bar is not None:

@@ -98,6 +98,7 @@ class Translator:
         max_tokens: int = 4096,
         max_len_a: int = 50,
         progress: bool | Any = False,
+        no_repeat_ngram_size: int = 0,
     ) -> list[str] | list[list[tuple[str, float]]]:
         """Translate ``sentences``; results in input order.
 
@@ -106,9 +107,17 @@ class Translator:
                 result is a list of ``(translation, score)``, best first (score = log P / lp).
             max_tokens: source positions per batch. max_len_a: each output may be this many
                 tokens longer than its source. progress: show a progress bar (or advance a
-                tqdm bar of the caller's: ``translate_ids``).
+                tqdm bar of the caller's: ``translate_ids``). no_repeat_ngram_size: n > 0
+                forbids repeating an n-gram of the output (``aiayn.decode``).
         """
-        search = dict(beam=beam, alpha=alpha, nbest=nbest, max_tokens=max_tokens, max_len_a=max_len_a)
+        search = dict(
+            beam=beam,
+            alpha=alpha,
+            nbest=nbest,
+            max_tokens=max_tokens,
+            max_len_a=max_len_a,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+        )
         results, too_long = self._translate(sentences, progress, **search)
         self._warn_truncated(too_long)
         return results
@@ -147,7 +156,7 @@ class Translator:
         sentences of similar length together), and their results yielded in input order before
         more input is read: memory stays bounded and the first results come early; a larger
         buffer batches better. ``search``: the keyword arguments of ``translate`` (beam, alpha,
-        nbest, max_tokens, max_len_a). ``progress`` shows one bar over all buffers, counting
+        nbest, max_tokens, max_len_a, no_repeat_ngram_size). ``progress`` shows one bar over all buffers, counting
         sentences, of ``total`` (default: ``len(sentences)`` when it has one). Inputs longer
         than the model takes are truncated, with one warning at the end.
         """
