@@ -178,9 +178,10 @@ def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_no_repeat_ngram_size_leaves_no_ngram_twice(n):
-    model, src = _model(seed=7, eos_boost=1.0), _sources([3, 6, 4, 8])
+    model, src = _model(seed=1, eos_boost=1.0), _sources([3, 6, 4, 8], seed=1)
     plain = [_trim(r) for r in greedy_decode(model, src, max_len=20).tolist()]
     assert any(_repeats_an_ngram(out, n) for out in plain)  # the rule has something to do here
+    assert len({tuple(out) for out in plain}) == len(plain)  # and the rows differ
     greedy = [_trim(r) for r in greedy_decode(model, src, max_len=20, no_repeat_ngram_size=n).tolist()]
     beams = beam_search(model, src, beam=3, nbest=3, max_len=20, no_repeat_ngram_size=n)
     assert not any(_repeats_an_ngram(out, n) for out in greedy)
@@ -209,3 +210,34 @@ def test_wide_beam_without_repeated_bigrams_finds_the_best_such_sequence_by_brut
     found = beam_search(model, src, beam=len(truth), nbest=len(truth), alpha=alpha, max_len=L, no_repeat_ngram_size=2)
     assert [h.tokens for h in found[0]] == [words for _, words in truth]
     assert [h.score for h in found[0]] == pytest.approx([score for score, _ in truth], abs=1e-5)
+
+
+def test_banned_tokens_are_exactly_those_that_would_repeat_an_ngram():
+    """Against a brute-force reference: token v is banned after a prefix iff the n-gram that
+    appending it completes already occurs in the output (BOS excluded)."""
+    from aiayn.decode import _ban_repeated_ngrams
+
+    g = torch.Generator().manual_seed(0)
+    V = 6
+    for _ in range(200):
+        n, t, R = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(0, 9, (1,), generator=g)), 3
+        prefixes = torch.cat([torch.full((R, 1), BOS), torch.randint(3, V, (R, t), generator=g)], dim=1)
+        logp = _ban_repeated_ngrams(torch.zeros(R, V), prefixes, n)
+        for r in range(R):
+            out = prefixes[r, 1:].tolist()
+            seen = {tuple(out[i : i + n]) for i in range(len(out) - n + 1)}
+            expected = [len(out) + 1 >= n and tuple([*out, v][-n:]) in seen for v in range(V)]
+            assert logp[r].isneginf().tolist() == expected, (n, out)
+
+
+def test_no_repeat_ngram_yields_where_min_len_leaves_no_other_token():
+    """Vocabulary of 6 (3 words), n = 1 and min_len 8: after 3 words nothing may come but EOS,
+    which min_len forbids; the rule yields, so no padding and no empty beam result."""
+    model, src = _model(seed=7, eos_boost=1.0, vocab_size=6), _sources([3, 4], vocab_size=6)
+    out = greedy_decode(model, src, max_len=10, min_len=8, no_repeat_ngram_size=1).tolist()
+    for row in out:
+        assert PAD not in _trim(row) and EOS in row and row.index(EOS) >= 7
+    for hyps in beam_search(model, src, beam=2, max_len=10, min_len=8, no_repeat_ngram_size=1):
+        assert hyps and len(hyps[0].tokens) >= 7 and PAD not in hyps[0].tokens
+    with pytest.raises(ValueError, match="no_repeat_ngram_size must be >= 0"):
+        beam_search(model, src, no_repeat_ngram_size=-1)

@@ -135,6 +135,8 @@ def test_no_repeat_ngram_flag_reaches_the_search(model_dir, capsys):
     argv = ["translate", "--model", str(model_dir), "--beam", "2", "--max-len-a", "20", *inputs]
     assert main([*argv, "--no-repeat-ngram-size", "1"]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == [" ".join(t.splitlines()) for t in ruled]  # one line each
+    greedy = translator.translate(inputs, beam=1, max_len_a=20, no_repeat_ngram_size=1)
+    assert greedy != translator.translate(inputs, beam=1, max_len_a=20)  # the greedy path gets it too
 
 
 def test_translate_command_streams_lines_split_on_newline_only(model_dir, tmp_path, capsys, monkeypatch):

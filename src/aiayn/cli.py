@@ -129,7 +129,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     scores = score_translations(hypotheses, references)
     search = "greedy" if args.beam == 1 else f"beam {args.beam}, alpha {args.alpha}"
     int8 = ", int8" if args.quantize else ""
-    print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}) in {seconds:.1f} s")
+    ngram = f", no n-gram of {args.no_repeat_ngram_size} twice" if args.no_repeat_ngram_size else ""
+    print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}{ngram}) in {seconds:.1f} s")
     print(scores)
     print(f"perplexity of the references: {translator.perplexity(sources, references, args.max_tokens):.2f}")
     if args.output:

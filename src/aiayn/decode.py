@@ -15,7 +15,8 @@ Conventions shared by greedy and beam search (as in fairseq):
   the limit EOS is forced (scored with its real probability);
 - ``min_len`` forbids EOS before that many tokens (benchmarks use it to force equal lengths);
 - ``no_repeat_ngram_size`` n > 0 (not in the paper; fairseq's ``--no-repeat-ngram-size``)
-  forbids any token that would make an n-gram occur twice in the output; EOS stays allowed.
+  forbids any token that would make an n-gram occur twice in the output; EOS stays allowed
+  (fairseq's n = 1 bans it too), and the rule yields where it would leave no token at all.
 """
 
 from __future__ import annotations
@@ -77,27 +78,34 @@ def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id
     return logp
 
 
-def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int, eos_id: int) -> Tensor:
+def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int) -> Tensor:
     """In place: -inf for every token that would repeat an n-gram of the output so far.
 
-    ``prefixes`` ``(R, 1 + t)`` (BOS, then t output tokens), ``logp`` ``(R, V)``. With n = 1 no
-    output token may come twice; with n >= 2 the token that followed each earlier occurrence of
-    the last n - 1 tokens is banned. EOS is never banned, so a row always has a way to end.
+    ``prefixes`` ``(R, 1 + t)`` (BOS, then t output tokens; BOS is not part of the history),
+    ``logp`` ``(R, V)``. With n = 1 no output token may come twice; with n >= 2 the token that
+    followed each earlier occurrence of the last n - 1 tokens is banned. A live prefix holds no
+    EOS, so EOS is never banned (fairseq's n = 1 also bans its start symbol, EOS). Where the
+    rule would leave a row no token at all (``min_len`` forbidding EOS), it yields for that row
+    at that step.
     """
     tokens = prefixes[:, 1:]  # (R, t)
     t = tokens.size(1)
     if n < 1 or t < n:  # no earlier n-gram to repeat yet
         return logp
     if n == 1:
-        rows = torch.arange(tokens.size(0), device=tokens.device)[:, None].expand_as(tokens)
-        banned, rows = tokens.reshape(-1), rows.reshape(-1)
+        rows = torch.arange(tokens.size(0), device=tokens.device)[:, None].expand_as(tokens).reshape(-1)
+        banned = tokens.reshape(-1)
     else:
         windows = tokens.unfold(1, n - 1, 1)  # (R, t - n + 2, n - 1): every run of n - 1 tokens
         match = (windows[:, :-1] == windows[:, -1:]).all(-1)  # (R, t - n + 1): earlier runs equal to the last
         rows, starts = match.nonzero(as_tuple=True)
         banned = tokens[rows, starts + n - 1]  # the token that followed each such run
-    allowed = banned != eos_id
-    logp[rows[allowed], banned[allowed]] = -torch.inf
+    before = logp[rows, banned]
+    logp[rows, banned] = -torch.inf
+    stuck = ~logp.isfinite().any(dim=-1)  # (R,)
+    if stuck.any():
+        undo = stuck[rows]
+        logp[rows[undo], banned[undo]] = before[undo]
     return logp
 
 
@@ -158,6 +166,8 @@ def greedy_decode(
     Returns:
         ``(B, L)`` output ids without BOS, each ending in EOS; positions after EOS hold ``pad_id``.
     """
+    if no_repeat_ngram_size < 0:
+        raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
     config = model.config
     B = src.size(0)
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
@@ -168,7 +178,7 @@ def greedy_decode(
     for t in range(out.size(1)):
         logits = step(prefixes, normalize=False)  # the argmax needs no softmax
         logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
-        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
+        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size)
         token = logits.argmax(dim=-1)  # (R,)
         out[active, t] = token
         prefixes = torch.cat([prefixes, token[:, None]], dim=1)
@@ -216,6 +226,8 @@ def beam_search(
     """
     if beam < 1 or not 1 <= nbest <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    if no_repeat_ngram_size < 0:
+        raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
     config = model.config
     B, K, device = src.size(0), beam, src.device
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
@@ -229,7 +241,7 @@ def beam_search(
         n = active.numel()
         at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
         logp = _constrain(step(prefixes), t, at_limit, min_len, config.pad_id, config.eos_id)  # (R, V)
-        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
+        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
         top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
