@@ -156,9 +156,9 @@ class Translator:
         sentences of similar length together), and their results yielded in input order before
         more input is read: memory stays bounded and the first results come early; a larger
         buffer batches better. ``search``: the keyword arguments of ``translate`` (beam, alpha,
-        nbest, max_tokens, max_len_a, no_repeat_ngram_size). ``progress`` shows one bar over all buffers, counting
-        sentences, of ``total`` (default: ``len(sentences)`` when it has one). Inputs longer
-        than the model takes are truncated, with one warning at the end.
+        nbest, max_tokens, max_len_a, no_repeat_ngram_size). ``progress`` shows one bar over
+        all buffers, counting sentences, of ``total`` (default: ``len(sentences)`` when it has
+        one). Inputs longer than the model takes are truncated, with one warning at the end.
         """
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
