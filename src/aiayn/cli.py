@@ -141,7 +141,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from .data.corpus import read_lines
+    from .data.corpus import count_lines, read_lines
 
     translator = _translator(args)
     with contextlib.ExitStack() as stack:
@@ -151,7 +151,7 @@ def _translate(args: argparse.Namespace) -> int:
         elif args.input:  # opened now: a missing file or a directory fails before any output
             stream = stack.enter_context(open(args.input, "rb"))
             # lines counted for the progress bar only where the file can be read twice (not a pipe)
-            total = sum(1 for _ in read_lines(args.input)) if os.path.isfile(args.input) else None
+            total = count_lines(args.input) if os.path.isfile(args.input) else None
             sources = read_lines(stream, args.input)
         else:  # read as it comes: a pipe is translated while it is being written
             stdin = getattr(sys.stdin, "buffer", None) or (line.encode("utf-8") for line in sys.stdin)

@@ -32,6 +32,7 @@ __all__ = [
     "read_jsonl",
     "read_text",
     "read_lines",
+    "count_lines",
     "load_hf_dataset",
 ]
 
@@ -156,7 +157,8 @@ def _decode(raw: bytes, path: PathLike, line: int, collector: _Collector) -> str
         return None
 
 
-def _count_lines(path: PathLike) -> int:
+def count_lines(path: PathLike) -> int:
+    """The lines ``read_lines`` would give, counted without decoding them."""
     return sum(1 for _ in _raw_lines(path))
 
 
@@ -171,7 +173,7 @@ def read_parallel(
     Files with different numbers of lines raise :class:`CorpusError` naming both files and both
     counts, whatever ``on_error`` says: a missing line shifts every pair after it.
     """
-    n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
         raise CorpusError(
             f"parallel files differ in length: {src_path} has {n_src:,} lines, {tgt_path} has {n_tgt:,} lines",
