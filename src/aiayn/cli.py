@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -474,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
         print(f"aiayn {args.command}: warning: {message}", file=sys.stderr)
 
+    class Notices(logging.Handler):  # the library's notices (a kernel being built, once): one line on stderr
+        def emit(self, record: logging.LogRecord) -> None:
+            print(f"aiayn {args.command}: {record.getMessage()}", file=sys.stderr)
+
+    log, notices, level = logging.getLogger("aiayn"), Notices(logging.INFO), logging.getLogger("aiayn").level
+    log.addHandler(notices)
+    log.setLevel(logging.INFO)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
@@ -483,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:  # a missing or unreadable file, bad input: one line, no traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        log.removeHandler(notices)
+        log.setLevel(level)
 
 
 if __name__ == "__main__":

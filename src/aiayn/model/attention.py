@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import cpu_attention
 from .linear import Linear, linear
 
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "AttentionCache", "KVCache"]
@@ -37,8 +38,10 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (§3.2.1, eq. 1).
 
-    One function, two paths: ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)
-    when the weights are not needed, the explicit formula when they are. A test keeps them equal.
+    One function, three paths: the explicit formula when the weights are needed;
+    otherwise aiayn's CPU kernel for a few queries per row (decoding steps, ``cpu_attention``)
+    and ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) for the rest.
+    Tests keep them equal.
 
     Args:
         q, k, v: queries ``(B, H, T, D_k)``, keys ``(B, H, S, D_k)``, values ``(B, H, S, D_v)``.
@@ -50,6 +53,8 @@ def scaled_dot_product_attention(
         ``(out, weights)``: ``out`` is ``(B, H, T, D_v)``; ``weights`` is ``(B, H, T, S)``
         or None. A query row with no key to attend to gives zeros (and zero weights).
     """
+    if not need_weights and dropout_p == 0.0 and cpu_attention.eligible(q, k, v, mask):
+        return cpu_attention.decode_attention(q, k, v, mask), None  # decoding steps on the CPU
     if mask is not None:
         # Rows that may attend to nothing: let them attend everywhere (finite softmax), then zero
         # their output, so neither the forward nor the backward pass meets a NaN.

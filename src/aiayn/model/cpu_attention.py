@@ -1,0 +1,116 @@
+"""A CPU kernel for attention at decoding steps (not in the paper): eq. 1 for a few queries.
+
+At a decoding step each row (sentence or beam) brings one new query per head, or a few when
+the beams of a sentence share its encoder-decoder keys and values (``KVCache.expand``).
+``F.scaled_dot_product_attention``'s fused CPU kernel tiles for long queries; with one query it
+spends most of a call on per-tile work (1.2-1.6 ms for 64 rows x 8 heads x 66 cached keys at the
+base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C++ kernel in
+``csrc/decode_attention.cpp`` streams each row's keys and values once for all of its heads and
+queries: 2-3x faster per call (docs/benchmarks.md).
+
+It is built from source by ``torch.utils.cpp_extension`` the first time it is needed (about
+20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
+Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, attention uses
+torch's kernels as before. ``scaled_dot_product_attention`` (``model/attention.py``) is the one
+caller; ``eligible`` says when it applies, and a test checks it against the formula.
+
+Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["MAX_QUERIES", "available", "eligible", "decode_attention"]
+
+MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
+SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+_state: dict[str, bool] = {}  # "loaded": the build was tried; "ok": it succeeded
+log = logging.getLogger("aiayn")
+
+
+def _flags() -> list[str]:
+    """Compiler flags: vector instructions only where torch itself found them on this CPU."""
+    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for splits the rows over torch's threads
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def available() -> bool:
+    """Whether the kernel is enabled and built (building it on the first call)."""
+    if os.environ.get("AIAYN_CPU_KERNELS", "1") == "0":
+        return False
+    if "loaded" not in _state:
+        _state["loaded"] = True
+        _state["ok"] = _build()
+    return _state["ok"]
+
+
+def _build() -> bool:
+    from torch.utils import cpp_extension
+
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    name = f"aiayn_cpu_attention_{capability}"
+    log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
+    try:
+        cpp_extension.load(
+            name, [str(SOURCE)], extra_cflags=_flags(), extra_ldflags=["-fopenmp"], is_python_module=False
+        )
+    except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        warnings.warn(
+            f"the CPU decoding-attention kernel could not be built ({reason}); using torch's attention instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    torch.library.register_fake("aiayn_cpu::decode_attention")(_fake)
+    return True
+
+
+def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """The output's shape for tracing (torch.compile, meta tensors): ``(B, T, H, D_v)``."""
+    return q.new_empty(q.size(0), q.size(2), q.size(1), v.size(3))
+
+
+def eligible(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+    """Whether the kernel computes this call: float32 on the CPU without autograd, at most
+    ``MAX_QUERIES`` queries, keys and values with one row per query row and head and unit stride
+    in their last dimension, and a head-independent boolean mask ``(B|1, 1, T|1, S)``.
+    (Dropout and returned weights are the caller's to exclude.)"""
+    if not (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.size(2) > MAX_QUERIES:
+        return False
+    if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return False
+    if mask is not None and not (
+        mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.size(1) == 1
+        and mask.size(0) in (1, q.size(0))
+        and mask.size(2) in (1, q.size(2))
+        and mask.size(3) == k.size(2)
+    ):
+        return False
+    return available()
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q Kᵀ / √d_k) V  (§3.2.1, eq. 1) by the kernel; a query with no allowed key gives zeros.
+
+    Shape: q ``(B, H, T, D_k)``, k ``(B, H, S, D_k)``, v ``(B, H, S, D_v)``, mask ``(B|1, 1, T|1, S)``
+    (True = may attend) -> ``(B, H, T, D_v)``, a view of a ``(B, T, H, D_v)`` tensor (so that
+    merging the heads afterwards copies nothing). Call only where ``eligible`` holds.
+    """
+    out = torch.ops.aiayn_cpu.decode_attention(q, k, v, mask)  # (B, T, H, D_v)
+    return out.transpose(1, 2)  # (B, H, T, D_v)

@@ -1,0 +1,179 @@
+"""The CPU decoding-attention kernel (model/cpu_attention.py) against the formula written out by
+hand, against torch's fused kernel, and end to end: decoding gives the same tokens with it and
+without it. Where no C++ compiler is installed the kernel cannot be built and these tests skip;
+where one is (CI), a failed build fails them."""
+
+import math
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from aiayn import ModelConfig, Transformer
+from aiayn.decode import beam_search, greedy_decode
+from aiayn.model import cpu_attention
+from aiayn.model.attention import scaled_dot_product_attention
+from aiayn.quantize import quantize_int8
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build the kernel"
+)
+
+
+def by_hand(q, k, v, mask):
+    """softmax(Q Kᵀ / √d_k) V in float64, query by query; masked keys are left out of the softmax
+    and a query with no key left gives zeros."""
+    B, H, T, _ = q.shape
+    S = k.size(2)
+    mask = torch.ones(B, 1, T, S, dtype=torch.bool) if mask is None else mask.expand(B, 1, T, S)
+    out = torch.zeros(B, H, T, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                allowed = mask[b, 0, t].nonzero().flatten()
+                if allowed.numel() == 0:
+                    continue
+                scores = k[b, h, allowed].double() @ q[b, h, t].double() / math.sqrt(q.size(-1))
+                weights = torch.softmax(scores, dim=0)
+                out[b, h, t] = weights @ v[b, h, allowed].double()
+    return out
+
+
+def layouts(B, H, T, S, D_k, D_v, seed):
+    """q strided as a decoding step's projection leaves it (feature-major rows); k and v as views
+    of position-major cache buffers ``(B, capacity, H, D)``, as ``AttentionCache`` keeps them."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(H * D_k, B * T, generator=g).t().reshape(B, T, H, D_k).transpose(1, 2)  # (B, H, T, D_k)
+    capacity = S + 3
+    k = torch.randn(B, capacity, H, D_k, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_k)
+    v = torch.randn(B, capacity, H, D_v, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_v)
+    return q, k, v
+
+
+def masks(B, T, S, seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    padding = (torch.arange(S) < lengths[:, None]).view(B, 1, 1, S)
+    padding[-1] = False  # a row with nothing to attend to: zeros
+    causal = torch.ones(T, S, dtype=torch.bool).tril(S - T).view(1, 1, T, S)
+    both = padding & causal  # (B, 1, T, S)
+    strided = torch.rand(B, 1, S, T, generator=g).transpose(2, 3) > 0.3  # non-contiguous (B, 1, T, S)
+    return {"none": None, "padding": padding, "causal": causal, "padding & causal": both, "strided": strided}
+
+
+SHAPES = [  # B, H, T, S, D_k, D_v
+    (3, 8, 1, 17, 64, 64),  # a greedy step at the base head size
+    (2, 4, 4, 9, 16, 8),  # 4 beams folded into one row's queries (KVCache.expand)
+    (2, 3, 5, 1, 7, 5),  # head sizes that are no multiple of 8, one key
+    (1, 2, cpu_attention.MAX_QUERIES, 33, 12, 20),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mask_name", ["none", "padding", "causal", "padding & causal", "strided"])
+def test_kernel_equals_the_formula(shape, mask_name):
+    B, H, T, S, D_k, D_v = shape
+    q, k, v = layouts(B, H, T, S, D_k, D_v, seed=sum(shape))
+    mask = masks(B, T, S, seed=len(mask_name))[mask_name]
+    assert cpu_attention.eligible(q, k, v, mask)
+    out = cpu_attention.decode_attention(q, k, v, mask)
+    assert out.shape == (B, H, T, D_v)
+    assert out.transpose(1, 2).is_contiguous()  # (B, T, H, D_v): merging the heads copies nothing
+    torch.testing.assert_close(out.double(), by_hand(q, k, v, mask), atol=2e-6, rtol=1e-5)
+    if mask_name == "padding":
+        assert torch.all(out[-1] == 0)
+
+
+def test_scaled_dot_product_attention_uses_the_kernel_and_matches_torchs(monkeypatch):
+    q, k, v = layouts(4, 8, 1, 21, 64, 64, seed=0)
+    mask = masks(4, 1, 21, seed=0)["padding"]
+    calls = []
+    real = cpu_attention.decode_attention
+    monkeypatch.setattr(cpu_attention, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    ours, _ = scaled_dot_product_attention(q, k, v, mask)
+    assert calls == [1]
+    monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
+    torchs, _ = scaled_dot_product_attention(q, k, v, mask)
+    assert calls == [1]  # off: torch's fused kernel ran
+    torch.testing.assert_close(ours, torchs, atol=2e-6, rtol=1e-5)
+
+
+def test_what_the_kernel_leaves_to_torch():
+    q, k, v = layouts(2, 4, 1, 6, 8, 8, seed=1)
+    assert cpu_attention.eligible(q, k, v, None)
+    long_q = torch.randn(2, 4, cpu_attention.MAX_QUERIES + 1, 8)
+    per_head_mask = torch.ones(2, 4, 1, 6, dtype=torch.bool)
+    cases = {
+        "float64": (q.double(), k.double(), v.double(), None),
+        "more queries than MAX_QUERIES": (long_q, k, v, None),
+        "keys broadcast over rows": (q, k[:1], v[:1], None),
+        "strided head vectors": (q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, None),
+        "a mask per head": (q, k, v, per_head_mask),
+        "a float mask": (q, k, v, per_head_mask[:, :1].float()),
+    }
+    for name, args in cases.items():
+        assert not cpu_attention.eligible(*args), name
+    with torch.enable_grad():  # training: autograd needs torch's kernels
+        assert not cpu_attention.eligible(q.requires_grad_(), k, v, None)
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    from torch.utils import cpp_extension
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("Error building extension 'aiayn_cpu_attention': c++: not found")
+
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    with pytest.warns(RuntimeWarning, match="could not be built .*c\\+\\+: not found.*torch's attention"):
+        assert not cpu_attention.available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not cpu_attention.available()  # tried once: no second build, no second warning
+    q, k, v = layouts(2, 4, 1, 6, 8, 8, seed=2)
+    out, _ = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out.double(), by_hand(q, k, v, None), atol=2e-6, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def model_and_sources():
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40, d_model=32, d_ff=64, h=4, N=2, P_drop=0.0, max_len=64, pad_id=0, bos_id=1, eos_id=2
+    )
+    model = Transformer(config).eval()
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(3, 40, (5, 9), generator=g)
+    src[1, 6:] = 0  # padded sources: the encoder-decoder mask matters
+    src[3, 4:] = 0
+    return model, src
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam 1", "beam 4", "int8 beam 3"])
+def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, search, monkeypatch):
+    model, src = model_and_sources
+    if search.startswith("int8"):
+        model = quantize_int8(model)
+    beam = int(search.split()[-1]) if "beam" in search else 0
+
+    def run():
+        with torch.no_grad():
+            if beam:
+                return beam_search(model, src, beam=beam, max_len=20, nbest=beam)
+            return greedy_decode(model, src, max_len=20)
+
+    calls = []
+    real = cpu_attention.decode_attention
+    monkeypatch.setattr(cpu_attention, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    ours = run()
+    assert calls, "the kernel did not run"
+    monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
+    torchs = run()
+    if beam:
+        for a, b in zip(ours, torchs, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    else:
+        assert torch.equal(ours, torchs)
