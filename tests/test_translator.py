@@ -253,8 +253,9 @@ def test_quantize_flag(model_dir, capsys):
 def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_build_fails(
     model_dir, capsys, monkeypatch
 ):
-    """The one-time build of the CPU attention kernel is announced on stderr; a failed build is a
-    one-line warning and the translation is the same (torch's attention)."""
+    """The one-time build of the CPU attention kernel is announced on stderr (and loading a cached
+    build is not); a failed build is a one-line warning and the translation is the same (torch's
+    attention)."""
     from torch.utils import cpp_extension
 
     from aiayn.model import cpu_attention
@@ -267,11 +268,12 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     expected = capsys.readouterr().out
     monkeypatch.delenv("AIAYN_CPU_KERNELS")
     monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_attention, "_built", lambda *args: False)  # as on a first run
     monkeypatch.setattr(cpp_extension, "load", fail)
     assert main(["translate", "--model", str(model_dir), "Das Haus ist groß.", "Die Katze."]) == 0
     out, err = capsys.readouterr()
     assert out == expected
-    assert err.splitlines() == [
+    assert err.splitlines() == [  # the build was due and failed
         "aiayn translate: building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)",
         "aiayn translate: warning: the CPU decoding-attention kernel could not be built (Error building extension: "
         "ninja is required to load C++ extensions); using torch's attention instead",

@@ -177,3 +177,16 @@ def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, 
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
     else:
         assert torch.equal(ours, torchs)
+
+
+def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    assert cpu_attention.available()
+    name = f"aiayn_cpu_attention_{torch.backends.cpu.get_cpu_capability().lower()}"
+    assert cpu_attention._built(cpp_extension, name)
+    assert not cpu_attention._built(cpp_extension, name + "_never_built")
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    with caplog.at_level("INFO", logger="aiayn"):
+        assert cpu_attention.available()  # loads the cached build again
+    assert "building" not in caplog.text

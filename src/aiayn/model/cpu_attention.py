@@ -58,7 +58,8 @@ def _build() -> bool:
 
     capability = torch.backends.cpu.get_cpu_capability().lower()
     name = f"aiayn_cpu_attention_{capability}"
-    log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
+    if not _built(cpp_extension, name):
+        log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
     try:
         cpp_extension.load(
             name, [str(SOURCE)], extra_cflags=_flags(), extra_ldflags=["-fopenmp"], is_python_module=False
@@ -73,6 +74,15 @@ def _build() -> bool:
         return False
     torch.library.register_fake("aiayn_cpu::decode_attention")(_fake)
     return True
+
+
+def _built(cpp_extension, name: str) -> bool:
+    """Whether a build of this source is already cached (then loading it takes ~0.2 s)."""
+    try:
+        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+        return library.stat().st_mtime >= SOURCE.stat().st_mtime
+    except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
+        return False
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
