@@ -67,7 +67,8 @@ SHAPES = [  # B, H, T, S, D_k, D_v
     (3, 8, 1, 17, 64, 64),  # a greedy step at the base head size
     (2, 4, 4, 9, 16, 8),  # 4 beams folded into one row's queries (KVCache.expand)
     (2, 3, 5, 1, 7, 5),  # head sizes that are no multiple of 8, one key
-    (1, 2, cpu_attention.MAX_QUERIES, 33, 12, 20),
+    (1, 2, cpu_attention.MAX_QUERIES, cpu_attention.MAX_SCORES // cpu_attention.MAX_QUERIES, 12, 20),
+    (5, 2, 1, 300, 8, 8),  # one query: any number of keys
 ]
 
 
@@ -108,6 +109,7 @@ def test_what_the_kernel_leaves_to_torch():
     cases = {
         "float64": (q.double(), k.double(), v.double(), None),
         "more queries than MAX_QUERIES": (long_q, k, v, None),
+        "more scores than MAX_SCORES": (long_q[:, :, :4], *(torch.randn(2, 4, 33, 8) for _ in "kv"), None),
         "keys broadcast over rows": (q, k[:1], v[:1], None),
         "strided head vectors": (q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, None),
         "a mask per head": (q, k, v, per_head_mask),
@@ -117,6 +119,57 @@ def test_what_the_kernel_leaves_to_torch():
         assert not cpu_attention.eligible(*args), name
     with torch.enable_grad():  # training: autograd needs torch's kernels
         assert not cpu_attention.eligible(q.requires_grad_(), k, v, None)
+
+
+def test_rows_split_over_threads_and_nan_scores_stay_nan():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # at::parallel_for gives each thread its own rows
+    try:
+        q, k, v = layouts(7, 3, 2, 11, 16, 16, seed=3)
+        mask = masks(7, 2, 11, seed=3)["padding & causal"]
+        torch.testing.assert_close(
+            cpu_attention.decode_attention(q, k, v, mask).double(), by_hand(q, k, v, mask), atol=2e-6, rtol=1e-5
+        )
+    finally:
+        torch.set_num_threads(threads)
+    q[1, 0, 0, 0] = float("nan")  # one query's scores: NaN, as in the formula; the others unharmed
+    out = cpu_attention.decode_attention(q, k, v)
+    assert torch.isnan(out[1, 0, 0]).all()
+    assert not torch.isnan(out[1, 1:]).any() and not torch.isnan(out[0]).any()
+
+
+def test_the_build_is_tried_once_across_threads_and_again_after_an_interrupt(monkeypatch):
+    import threading
+    import time
+
+    from torch.utils import cpp_extension
+
+    real, calls = cpp_extension.load, []
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpp_extension, "load", slow)
+    results = []
+    workers = [threading.Thread(target=lambda: results.append(cpu_attention.available())) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert results == [True] * 3 and calls == [1]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpp_extension, "load", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cpu_attention.available()
+    monkeypatch.setattr(cpp_extension, "load", real)
+    assert cpu_attention.available()  # not recorded as failed: built (loaded) on the next call
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch):

@@ -19,38 +19,52 @@ Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import threading
 import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_QUERIES", "available", "eligible", "decode_attention"]
+__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention"]
 
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
+MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
 SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
-_state: dict[str, bool] = {}  # "loaded": the build was tried; "ok": it succeeded
+_state: dict[str, bool] = {}  # "ok": whether the build succeeded, once it has been tried
+_lock = threading.Lock()
 log = logging.getLogger("aiayn")
 
 
-def _flags() -> list[str]:
-    """Compiler flags: vector instructions only where torch itself found them on this CPU."""
-    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for splits the rows over torch's threads
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        flags += ["-mavx2", "-mfma"]
-    return flags
+def _flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags: OpenMP so that ``at::parallel_for`` splits the rows over torch's
+    threads (not with Apple's clang, which has no ``-fopenmp``: one thread there), and vector
+    instructions only where torch itself found them on this CPU."""
+    vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    if sys.platform == "win32":
+        return ["/O2", "/openmp", *(["/arch:AVX2"] if vector else [])], []
+    openmp = [] if sys.platform == "darwin" else ["-fopenmp"]
+    return ["-O3", *openmp, *(["-mavx2", "-mfma"] if vector else [])], openmp
 
 
 def available() -> bool:
-    """Whether the kernel is enabled and built (building it on the first call)."""
+    """Whether the kernel is enabled and built (building it on the first call; never while
+    torch.compile traces, and once per process, under a lock; an interrupted build is tried again)."""
     if os.environ.get("AIAYN_CPU_KERNELS", "1") == "0":
         return False
-    if "loaded" not in _state:
-        _state["loaded"] = True
-        _state["ok"] = _build()
-    return _state["ok"]
+    ok = _state.get("ok")
+    if ok is None:
+        if torch.compiler.is_compiling():
+            return False
+        with _lock:
+            if "ok" not in _state:
+                _state["ok"] = _build()
+            ok = _state["ok"]
+    return ok
 
 
 def _build() -> bool:
@@ -60,19 +74,20 @@ def _build() -> bool:
     name = f"aiayn_cpu_attention_{capability}"
     if not _built(cpp_extension, name):
         log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
+    cflags, ldflags = _flags()
     try:
-        cpp_extension.load(
-            name, [str(SOURCE)], extra_cflags=_flags(), extra_ldflags=["-fopenmp"], is_python_module=False
-        )
+        cpp_extension.load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         warnings.warn(
             f"the CPU decoding-attention kernel could not be built ({reason}); using torch's attention instead",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return False
-    torch.library.register_fake("aiayn_cpu::decode_attention")(_fake)
+    register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
+    with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
+        register_fake("aiayn_cpu::decode_attention")(_fake)
     return True
 
 
@@ -93,13 +108,19 @@ def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 def eligible(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
     """Whether the kernel computes this call: float32 on the CPU without autograd, at most
     ``MAX_QUERIES`` queries, keys and values with one row per query row and head and unit stride
-    in their last dimension, and a head-independent boolean mask ``(B|1, 1, T|1, S)``.
+    in their last dimension, and a head-independent boolean mask ``(B|1, 1, T|1, S)``; with more
+    than one query, at most ``MAX_SCORES`` scores per row and head (one dot product per query and
+    key loses to torch's matrix products beyond that: 8 rows x 4 queries x 66 keys ran level).
     (Dropout and returned weights are the caller's to exclude.)"""
     if not (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32):
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
+    if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0:  # forward-mode AD: torch's kernels
+        return False
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.size(2) > MAX_QUERIES:
+        return False
+    if q.size(2) > 1 and q.size(2) * k.size(2) > MAX_SCORES:
         return False
     if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
         return False

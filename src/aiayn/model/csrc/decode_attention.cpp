@@ -118,7 +118,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
             for (int64_t s = 0; s < S; ++s)
               if (!allowed[s * ms3]) row[s] = NEG_INF;
           float top = NEG_INF;
-          for (int64_t s = 0; s < S; ++s) top = std::max(top, row[s]);
+          bool nan = false;
+          for (int64_t s = 0; s < S; ++s) {
+            top = std::max(top, row[s]);
+            nan |= std::isnan(row[s]);
+          }
+          if (nan) {  // a NaN score gives a NaN output, as the formula does (not a masked row's zeros)
+            std::fill(row, row + S, std::numeric_limits<float>::quiet_NaN());
+            continue;
+          }
           if (top == NEG_INF) {  // nothing to attend to: zero weights, zero output
             std::fill(row, row + S, 0.f);
             continue;
