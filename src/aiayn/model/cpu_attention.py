@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import threading
 import warnings
@@ -75,6 +76,11 @@ def _build() -> bool:
     if not _built(cpp_extension, name):
         log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
     cflags, ldflags = _flags()
+    if shutil.which("ninja") is None:  # torch runs `ninja` from PATH: the pip package's, outside a venv's PATH
+        with contextlib.suppress(ImportError, AttributeError):
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     try:
         cpp_extension.load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
