@@ -479,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         def emit(self, record: logging.LogRecord) -> None:
             print(f"aiayn {args.command}: {record.getMessage()}", file=sys.stderr)
 
-    log, notices, level = logging.getLogger("aiayn"), Notices(logging.INFO), logging.getLogger("aiayn").level
+    log, notices = logging.getLogger("aiayn"), Notices(logging.INFO)
+    level = log.level
     log.addHandler(notices)
     log.setLevel(logging.INFO)
     try:

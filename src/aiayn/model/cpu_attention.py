@@ -6,7 +6,7 @@ the beams of a sentence share its encoder-decoder keys and values (``KVCache.exp
 spends most of a call on per-tile work (1.2-1.6 ms for 64 rows x 8 heads x 66 cached keys at the
 base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C++ kernel in
 ``csrc/decode_attention.cpp`` streams each row's keys and values once for all of its heads and
-queries: 2-3x faster per call (docs/benchmarks.md).
+queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
 It is built from source by ``torch.utils.cpp_extension`` the first time it is needed (about
 20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
