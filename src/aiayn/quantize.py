@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .model import MultiHeadAttention, Transformer
 from .model.linear import Linear
+from .model.masks import Packing
 
 __all__ = ["quantize_int8"]
 
@@ -48,8 +49,11 @@ class _SplitCrossAttention(MultiHeadAttention):
     def project_q(self, x: Tensor) -> Tensor:
         return self._heads(self.q_proj(x), self.d_k)  # (B, H, T, D_k)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self.kv_proj(memory).split([self.h * self.d_k, self.h * self.d_v], dim=-1)
+    def project_kv(self, memory: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor]:
+        kv = self.kv_proj(memory)
+        if packing is not None:
+            kv = packing.unpack(kv)
+        k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)  # (B, H, S, D_k), (B, H, S, D_v)
 
 

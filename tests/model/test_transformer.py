@@ -332,3 +332,54 @@ def test_select_computes_logits_only_at_selected_positions():
     picked = model(src, tgt, select=select)
     assert picked.shape == (int(select.sum()), 40)
     torch.testing.assert_close(picked, full[select], atol=1e-6, rtol=0)
+
+
+# Padding removed from the position-wise sublayers (masks.Packing) --------------------------------
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}, {"attention_window": 2}])
+def test_encoder_on_real_positions_only_equals_the_padded_encoder(overrides):
+    """``encode`` runs the projections, FFN and layer norms on the real tokens only (packed
+    rows); the padded computation is the reference. Gradients agree too."""
+    model = build(Transformer, **overrides)
+    src = pad(ids(3, 6, 0), [6, 4, 2])
+    enc = model.encode(src)
+    x = model.src_positional(model.src_embedding(src))
+    self_mask = enc.mask
+    if model.config.attention_window is not None:
+        from aiayn.model.masks import window_mask
+
+        self_mask = self_mask & window_mask(6, r=2)
+    padded, _ = model.encoder(x, self_mask)  # every position through every sublayer
+    real = src != 0
+    torch.testing.assert_close(enc.memory[real], padded[real], atol=1e-6, rtol=0)
+    assert torch.all(enc.memory[~real] == 0)
+    # the packed rows really are fewer: the first projection sees the 12 real tokens only
+    seen = []
+    hook = model.encoder.layers[0].self_attn.in_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    model.encode(src)
+    hook.remove()
+    assert seen == [torch.Size([12, 32])]
+    # gradients with respect to the real positions' embeddings agree
+    x1 = x.detach().requires_grad_()
+    x2 = x.detach().requires_grad_()
+    packed, _ = model.encoder(x1, self_mask, keep=real)
+    reference, _ = model.encoder(x2, self_mask)
+    weights = torch.randn_like(packed)
+    (packed[real] * weights[real]).sum().backward()
+    (reference[real] * weights[real]).sum().backward()
+    torch.testing.assert_close(x1.grad[real], x2.grad[real], atol=1e-5, rtol=0)
+
+
+def test_cross_attention_cache_projects_real_positions_only():
+    model = build(Transformer)
+    src = pad(ids(2, 5, 0), [5, 3])
+    enc = model.encode(src)
+    cache = model.init_cache(enc.memory, enc.mask)
+    real = src != 0
+    for layer, layer_cache in zip(model.decoder.layers, cache.cross_attn, strict=True):
+        k, v = layer.cross_attn.project_kv(enc.memory)  # (B, H, S, D), every position
+        for got, expected in ((layer_cache.k, k), (layer_cache.v, v)):
+            got, expected = got.transpose(1, 2), expected.transpose(1, 2)  # (B, S, H, D)
+            torch.testing.assert_close(got[real], expected[real], atol=1e-6, rtol=0)
+            assert torch.all(got[~real] == 0)

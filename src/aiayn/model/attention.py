@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from . import cpu_attention
 from .linear import Linear, linear
+from .masks import Packing
 
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "AttentionCache", "KVCache"]
 
@@ -279,10 +280,13 @@ class MultiHeadAttention(nn.Module):
         q_size = self.h * self.d_k
         return self._heads(linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size]), self.d_k)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``."""
+    def project_kv(self, memory: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor]:
+        """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``.
+        With ``packing``, ``memory`` is ``(N, d_model)``, the real positions only (zeros elsewhere)."""
         q_size = self.h * self.d_k
         kv = linear(memory, self.in_proj.weight[q_size:], self.in_proj.bias[q_size:])  # (B, S, H*(D_k+D_v))
+        if packing is not None:
+            kv = packing.unpack(kv)
         k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
@@ -293,6 +297,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: AttentionCache | None = None,
         need_weights: bool = False,
+        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself (self-attention) or to ``memory`` (encoder-decoder).
 
@@ -305,11 +310,16 @@ class MultiHeadAttention(nn.Module):
                 cache expanded to G beams (``KVCache.expand``) holds one row per sentence for G
                 consecutive rows of ``x``; ``mask`` then has one row per sentence as well.
             need_weights: also return the attention weights ``(B, H, T, S)``.
+            packing: self-attention only: ``x`` is ``(N, d_model)``, the real positions of a
+                padded ``(B, T)`` batch (``masks.Packing``); the projections run on the N rows
+                and the result is ``(N, d_model)`` too.
 
-        Shape: returns ``(B, T, d_model)`` and the weights or None.
+        Shape: returns ``(B, T, d_model)`` (or ``(N, d_model)``) and the weights or None.
         """
         q_size, k_size = self.h * self.d_k, self.h * self.d_k
         if self.cross:
+            if packing is not None:
+                raise ValueError("packed rows serve self-attention only")
             q = self.project_q(x)  # (B, H, T, D_k)
             if cache is not None and cache.static:
                 k, v = cache.k, cache.v
@@ -320,7 +330,10 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.set(k, v)
         else:
-            q, k, v = self.in_proj(x).split([q_size, k_size, self.h * self.d_v], dim=-1)
+            qkv = self.in_proj(x)  # (B, T, H*(2 D_k + D_v)), or (N, ...) packed
+            if packing is not None:
+                qkv = packing.unpack(qkv)  # (B, T, H*(2 D_k + D_v)), zeros at padding
+            q, k, v = qkv.split([q_size, k_size, self.h * self.d_v], dim=-1)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, length, D)
@@ -338,4 +351,6 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.view(-1, self.h, G, T, k.size(2)).transpose(1, 2).reshape(B, self.h, T, -1)
         else:
             out = out.transpose(1, 2).reshape(B, T, self.h * self.d_v)  # (B, T, H*D_v)
+        if packing is not None:
+            out = packing.pack(out)  # (N, H*D_v)
         return self.out_proj(out), weights

@@ -17,6 +17,7 @@ from .attention import AttentionCache, MultiHeadAttention
 from .config import ModelConfig
 from .dropout import Dropout
 from .feed_forward import PositionwiseFeedForward
+from .masks import Packing
 
 __all__ = ["ResidualNorm", "EncoderLayer", "DecoderLayer"]
 
@@ -62,13 +63,17 @@ class EncoderLayer(nn.Module):
         self.feed_forward_norm = ResidualNorm(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, packing: Packing | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """x ``(B, S, d_model)``; mask ``(B, 1, 1, S)`` or ``(B, 1, S, S)``, True = may attend.
+        With ``packing`` (``masks.Packing``), x is ``(N, d_model)``: only the real positions.
 
-        Returns ``(B, S, d_model)`` and the self-attention weights ``(B, H, S, S)`` or None.
+        Returns ``(B, S, d_model)`` (or ``(N, d_model)``) and the self-attention weights
+        ``(B, H, S, S)`` or None.
         """
-        y, weights = self.self_attn(self.self_attn_norm.before(x), mask=mask, need_weights=need_weights)
+        y, weights = self.self_attn(
+            self.self_attn_norm.before(x), mask=mask, need_weights=need_weights, packing=packing
+        )
         x = self.self_attn_norm.after(x, y)
         x = self.feed_forward_norm.after(x, self.feed_forward(self.feed_forward_norm.before(x)))
         return x, weights
