@@ -1,4 +1,4 @@
-"""Attention at decoding steps: aiayn's CPU kernel (model/cpu_attention.py) against torch's fused
+"""Attention at decoding steps: aiayn's CPU kernel (model/cpu_kernels.py) against torch's fused
 ``F.scaled_dot_product_attention``, per call and end to end.
 
 (i)  Per call, at the shapes of bench/decode_speed.py (base shape: 8 heads of 64; 64 sentences,
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.decode import beam_search, greedy_decode
-from aiayn.model import cpu_attention
+from aiayn.model import cpu_kernels
 from aiayn.model.attention import scaled_dot_product_attention
 from aiayn.quantize import quantize_int8
 from common import machine, median, table, write_result
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="alternating rounds (median; default %(default)s)")
     parser.add_argument("--skip-decoding", action="store_true", help="only the per-call table")
     args = parser.parse_args()
-    if not cpu_attention.available():
+    if not cpu_kernels.available():
         sys.exit("the CPU kernel is not available (no C++ compiler, a failed build, or AIAYN_CPU_KERNELS=0)")
     info = machine()
     print(f"{info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}")

@@ -258,7 +258,7 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     attention)."""
     from torch.utils import cpp_extension
 
-    from aiayn.model import cpu_attention
+    from aiayn.model import cpu_kernels
 
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension: ninja is required to load C++ extensions")
@@ -267,16 +267,16 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     assert main(["translate", "--model", str(model_dir), "Das Haus ist groß.", "Die Katze."]) == 0
     expected = capsys.readouterr().out
     monkeypatch.delenv("AIAYN_CPU_KERNELS")
-    monkeypatch.setattr(cpu_attention, "_state", {})
-    monkeypatch.setattr(cpu_attention, "_built", lambda *args: False)  # as on a first run
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setattr(cpu_kernels, "_built", lambda *args: False)  # as on a first run
     monkeypatch.setattr(cpp_extension, "load", fail)
     assert main(["translate", "--model", str(model_dir), "Das Haus ist groß.", "Die Katze."]) == 0
     out, err = capsys.readouterr()
     assert out == expected
     assert err.splitlines() == [  # the build was due and failed
-        "aiayn translate: building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)",
-        "aiayn translate: warning: the CPU decoding-attention kernel could not be built (Error building extension: "
-        "ninja is required to load C++ extensions); using torch's attention instead",
+        "aiayn translate: building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)",
+        "aiayn translate: warning: the CPU decoding kernels could not be built (Error building extension: "
+        "ninja is required to load C++ extensions); using torch's kernels instead",
     ]
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import DecoderOnly, EncoderOnly, Transformer
+from .model import DecoderOnly, EncoderOnly, Transformer, cpu_kernels
 
 __all__ = [
     "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
@@ -179,7 +179,7 @@ def greedy_decode(
         logits = step(prefixes, normalize=False)  # the argmax needs no softmax
         logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
         logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size)
-        token = logits.argmax(dim=-1)  # (R,)
+        token = cpu_kernels.argmax(logits)  # (R,): logits.argmax(-1), one pass on the CPU
         out[active, t] = token
         prefixes = torch.cat([prefixes, token[:, None]], dim=1)
         going = token != config.eos_id

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import cpu_attention
+from . import cpu_kernels
 from .linear import Linear, linear
 from .masks import Packing
 
@@ -40,7 +40,7 @@ def scaled_dot_product_attention(
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (§3.2.1, eq. 1).
 
     One function, three paths: the explicit formula when the weights are needed;
-    otherwise aiayn's CPU kernel for a few queries per row (decoding steps, ``cpu_attention``)
+    otherwise aiayn's CPU kernel for a few queries per row (decoding steps, ``cpu_kernels``)
     and ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels) for the rest.
     Tests keep them equal.
 
@@ -54,8 +54,8 @@ def scaled_dot_product_attention(
         ``(out, weights)``: ``out`` is ``(B, H, T, D_v)``; ``weights`` is ``(B, H, T, S)``
         or None. A query row with no key to attend to gives zeros (and zero weights).
     """
-    if not need_weights and dropout_p == 0.0 and cpu_attention.eligible(q, k, v, mask):
-        return cpu_attention.decode_attention(q, k, v, mask), None  # decoding steps on the CPU
+    if not need_weights and dropout_p == 0.0 and cpu_kernels.eligible(q, k, v, mask):
+        return cpu_kernels.decode_attention(q, k, v, mask), None  # decoding steps on the CPU
     if mask is not None:
         # Rows that may attend to nothing: let them attend everywhere (finite softmax), then zero
         # their output, so neither the forward nor the backward pass meets a NaN.

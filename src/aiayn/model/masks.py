@@ -71,6 +71,7 @@ class Packing(NamedTuple):
     """
 
     index: Tensor  # (N,)
+    padding: Tensor  # (B·S - N,): the other positions
     B: int
     S: int
 
@@ -79,7 +80,8 @@ class Packing(NamedTuple):
         """From a ``(B, S)`` boolean tensor (True = real token); None when nothing is padding."""
         if bool(keep.all()):
             return None
-        return cls(keep.reshape(-1).nonzero().squeeze(1), keep.size(0), keep.size(1))
+        flat = keep.reshape(-1)
+        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), keep.size(0), keep.size(1))
 
     def pack(self, x: Tensor) -> Tensor:
         """``(B, S, ...) -> (N, ...)``: the rows of the real positions."""
@@ -87,5 +89,6 @@ class Packing(NamedTuple):
 
     def unpack(self, rows: Tensor) -> Tensor:
         """``(N, ...) -> (B, S, ...)``, zeros at padding."""
-        out = rows.new_zeros(self.B * self.S, *rows.shape[1:])
-        return out.index_copy(0, self.index, rows).view(self.B, self.S, *rows.shape[1:])
+        out = rows.new_empty(self.B * self.S, *rows.shape[1:])
+        out.index_copy_(0, self.index, rows).index_fill_(0, self.padding, 0.0)  # autograd follows rows
+        return out.view(self.B, self.S, *rows.shape[1:])

@@ -79,14 +79,15 @@ class Encoder(nn.Module):
         self, x: Tensor, mask: Tensor | None = None, return_attention: bool = False, keep: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor] | None]:
         """x ``(B, S, d_model)`` embedded source; mask ``(B, 1, 1|S, S)``, True = may attend.
-        ``keep`` ``(B, S)`` (True = real token; padding must also be masked as a key): the
-        position-wise sublayers then run on the real positions only (``masks.Packing``), and
-        the output is zeros at padding. Not with ``return_attention``.
+        ``keep`` ``(B, S)`` (True = real token; padding must also be masked as a key): in eval
+        mode the position-wise sublayers then run on the real positions only (``masks.Packing``),
+        and the output is zeros at padding. Not with ``return_attention``, and not in training,
+        where dropout's random stream would change with the number of rows.
 
         Returns ``(B, S, d_model)`` and, if asked, each layer's weights ``(B, H, S, S)``.
         """
         attention = [] if return_attention else None
-        packing = None if keep is None or return_attention else masks.Packing.of(keep)
+        packing = None if keep is None or return_attention or self.training else masks.Packing.of(keep)
         if packing is not None:
             x = packing.pack(x)  # (N, d_model)
         for layer in self.layers:

@@ -1,20 +1,24 @@
-"""A CPU kernel for attention at decoding steps (not in the paper): eq. 1 for a few queries.
+"""CPU kernels for decoding steps (not in the paper): attention (eq. 1) for a few queries, and
+the argmax of greedy search.
 
 At a decoding step each row (sentence or beam) brings one new query per head, or a few when
 the beams of a sentence share its encoder-decoder keys and values (``KVCache.expand``).
 ``F.scaled_dot_product_attention``'s fused CPU kernel tiles for long queries; with one query it
 spends most of a call on per-tile work (1.2-1.6 ms for 64 rows x 8 heads x 66 cached keys at the
 base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C++ kernel in
-``csrc/decode_attention.cpp`` streams each row's keys and values once for all of its heads and
+``csrc/decode_kernels.cpp`` streams each row's keys and values once for all of its heads and
 queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
-It is built from source by ``torch.utils.cpp_extension`` the first time it is needed (about
-20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
-Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, attention uses
-torch's kernels as before. ``scaled_dot_product_attention`` (``model/attention.py``) is the one
-caller; ``eligible`` says when it applies, and a test checks it against the formula.
+Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a transposed view:
+``model/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
 
-Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes.
+They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
+20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
+Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, torch's kernels do
+the work as before. Callers: ``scaled_dot_product_attention`` (``model/attention.py``) and
+``greedy_decode``; tests check each kernel against its formula.
+
+Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes; R rows, V vocabulary.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention"]
+__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention", "argmax"]
 
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
 MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
-SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
 _state: dict[str, bool] = {}  # "ok": whether the build succeeded, once it has been tried
 _lock = threading.Lock()
 log = logging.getLogger("aiayn")
@@ -72,9 +76,9 @@ def _build() -> bool:
     from torch.utils import cpp_extension
 
     capability = torch.backends.cpu.get_cpu_capability().lower()
-    name = f"aiayn_cpu_attention_{capability}"
+    name = f"aiayn_cpu_kernels_{capability}"
     if not _built(cpp_extension, name):
-        log.info("building the CPU decoding-attention kernel (once, about 20 s; AIAYN_CPU_KERNELS=0 skips it)")
+        log.info("building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
     cflags, ldflags = _flags()
     if shutil.which("ninja") is None:  # torch runs `ninja` from PATH: the pip package's, outside a venv's PATH
         with contextlib.suppress(ImportError, AttributeError):
@@ -86,14 +90,15 @@ def _build() -> bool:
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         warnings.warn(
-            f"the CPU decoding-attention kernel could not be built ({reason}); using torch's attention instead",
+            f"the CPU decoding kernels could not be built ({reason}); using torch's kernels instead",
             RuntimeWarning,
             stacklevel=4,
         )
         return False
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
-    with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
-        register_fake("aiayn_cpu::decode_attention")(_fake)
+    for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
+        with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
+            register_fake(f"aiayn_cpu::{op}")(fake)
     return True
 
 
@@ -109,6 +114,10 @@ def _built(cpp_extension, name: str) -> bool:
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """The output's shape for tracing (torch.compile, meta tensors): ``(B, T, H, D_v)``."""
     return q.new_empty(q.size(0), q.size(2), q.size(1), v.size(3))
+
+
+def _fake_argmax(x: Tensor) -> Tensor:
+    return x.new_empty(x.size(0), dtype=torch.long)
 
 
 def eligible(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
@@ -151,3 +160,11 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     """
     out = torch.ops.aiayn_cpu.decode_attention(q, k, v, mask)  # (B, T, H, D_v)
     return out.transpose(1, 2)  # (B, H, T, D_v)
+
+
+def argmax(x: Tensor) -> Tensor:
+    """``x.argmax(dim=-1)`` of ``(R, V)`` scores (a NaN counts as the maximum; the first index on a
+    tie), by the kernel for float32 on the CPU. Shape: ``(R, V) -> (R,)``, int64."""
+    if x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and x.size(1) > 0 and available():
+        return torch.ops.aiayn_cpu.argmax_rows(x)
+    return x.argmax(dim=-1)

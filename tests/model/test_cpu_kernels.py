@@ -1,7 +1,7 @@
-"""The CPU decoding-attention kernel (model/cpu_attention.py) against the formula written out by
-hand, against torch's fused kernel, and end to end: decoding gives the same tokens with it and
-without it. Where no C++ compiler is installed the kernel cannot be built and these tests skip;
-where one is (CI), a failed build fails them."""
+"""The CPU decoding kernels (model/cpu_kernels.py): attention against the formula written out by
+hand and against torch's fused kernel, the argmax against a plain scan, and end to end: decoding
+gives the same tokens with them and without them. Where no C++ compiler is installed the kernels
+cannot be built and these tests skip; where one is (CI), a failed build fails them."""
 
 import math
 import os
@@ -13,7 +13,7 @@ import torch
 
 from aiayn import ModelConfig, Transformer
 from aiayn.decode import beam_search, greedy_decode
-from aiayn.model import cpu_attention
+from aiayn.model import cpu_kernels
 from aiayn.model.attention import scaled_dot_product_attention
 from aiayn.quantize import quantize_int8
 
@@ -67,7 +67,7 @@ SHAPES = [  # B, H, T, S, D_k, D_v
     (3, 8, 1, 17, 64, 64),  # a greedy step at the base head size
     (2, 4, 4, 9, 16, 8),  # 4 beams folded into one row's queries (KVCache.expand)
     (2, 3, 5, 1, 7, 5),  # head sizes that are no multiple of 8, one key
-    (1, 2, cpu_attention.MAX_QUERIES, cpu_attention.MAX_SCORES // cpu_attention.MAX_QUERIES, 12, 20),
+    (1, 2, cpu_kernels.MAX_QUERIES, cpu_kernels.MAX_SCORES // cpu_kernels.MAX_QUERIES, 12, 20),
     (5, 2, 1, 300, 8, 8),  # one query: any number of keys
 ]
 
@@ -78,8 +78,8 @@ def test_kernel_equals_the_formula(shape, mask_name):
     B, H, T, S, D_k, D_v = shape
     q, k, v = layouts(B, H, T, S, D_k, D_v, seed=sum(shape))
     mask = masks(B, T, S, seed=len(mask_name))[mask_name]
-    assert cpu_attention.eligible(q, k, v, mask)
-    out = cpu_attention.decode_attention(q, k, v, mask)
+    assert cpu_kernels.eligible(q, k, v, mask)
+    out = cpu_kernels.decode_attention(q, k, v, mask)
     assert out.shape == (B, H, T, D_v)
     assert out.transpose(1, 2).is_contiguous()  # (B, T, H, D_v): merging the heads copies nothing
     torch.testing.assert_close(out.double(), by_hand(q, k, v, mask), atol=2e-6, rtol=1e-5)
@@ -91,8 +91,8 @@ def test_scaled_dot_product_attention_uses_the_kernel_and_matches_torchs(monkeyp
     q, k, v = layouts(4, 8, 1, 21, 64, 64, seed=0)
     mask = masks(4, 1, 21, seed=0)["padding"]
     calls = []
-    real = cpu_attention.decode_attention
-    monkeypatch.setattr(cpu_attention, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    real = cpu_kernels.decode_attention
+    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(1) or real(*a))
     ours, _ = scaled_dot_product_attention(q, k, v, mask)
     assert calls == [1]
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
@@ -103,8 +103,8 @@ def test_scaled_dot_product_attention_uses_the_kernel_and_matches_torchs(monkeyp
 
 def test_what_the_kernel_leaves_to_torch():
     q, k, v = layouts(2, 4, 1, 6, 8, 8, seed=1)
-    assert cpu_attention.eligible(q, k, v, None)
-    long_q = torch.randn(2, 4, cpu_attention.MAX_QUERIES + 1, 8)
+    assert cpu_kernels.eligible(q, k, v, None)
+    long_q = torch.randn(2, 4, cpu_kernels.MAX_QUERIES + 1, 8)
     per_head_mask = torch.ones(2, 4, 1, 6, dtype=torch.bool)
     cases = {
         "float64": (q.double(), k.double(), v.double(), None),
@@ -116,9 +116,9 @@ def test_what_the_kernel_leaves_to_torch():
         "a float mask": (q, k, v, per_head_mask[:, :1].float()),
     }
     for name, args in cases.items():
-        assert not cpu_attention.eligible(*args), name
+        assert not cpu_kernels.eligible(*args), name
     with torch.enable_grad():  # training: autograd needs torch's kernels
-        assert not cpu_attention.eligible(q.requires_grad_(), k, v, None)
+        assert not cpu_kernels.eligible(q.requires_grad_(), k, v, None)
 
 
 def test_rows_split_over_threads_and_nan_scores_stay_nan():
@@ -128,12 +128,12 @@ def test_rows_split_over_threads_and_nan_scores_stay_nan():
         q, k, v = layouts(7, 3, 2, 11, 16, 16, seed=3)
         mask = masks(7, 2, 11, seed=3)["padding & causal"]
         torch.testing.assert_close(
-            cpu_attention.decode_attention(q, k, v, mask).double(), by_hand(q, k, v, mask), atol=2e-6, rtol=1e-5
+            cpu_kernels.decode_attention(q, k, v, mask).double(), by_hand(q, k, v, mask), atol=2e-6, rtol=1e-5
         )
     finally:
         torch.set_num_threads(threads)
     q[1, 0, 0, 0] = float("nan")  # one query's scores: NaN, as in the formula; the others unharmed
-    out = cpu_attention.decode_attention(q, k, v)
+    out = cpu_kernels.decode_attention(q, k, v)
     assert torch.isnan(out[1, 0, 0]).all()
     assert not torch.isnan(out[1, 1:]).any() and not torch.isnan(out[0]).any()
 
@@ -151,10 +151,10 @@ def test_the_build_is_tried_once_across_threads_and_again_after_an_interrupt(mon
         time.sleep(0.3)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setattr(cpp_extension, "load", slow)
     results = []
-    workers = [threading.Thread(target=lambda: results.append(cpu_attention.available())) for _ in range(3)]
+    workers = [threading.Thread(target=lambda: results.append(cpu_kernels.available())) for _ in range(3)]
     for w in workers:
         w.start()
     for w in workers:
@@ -164,31 +164,32 @@ def test_the_build_is_tried_once_across_threads_and_again_after_an_interrupt(mon
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setattr(cpp_extension, "load", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cpu_attention.available()
+        cpu_kernels.available()
     monkeypatch.setattr(cpp_extension, "load", real)
-    assert cpu_attention.available()  # not recorded as failed: built (loaded) on the next call
+    assert cpu_kernels.available()  # not recorded as failed: built (loaded) on the next call
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     from torch.utils import cpp_extension
 
     def fail(*args, **kwargs):
-        raise RuntimeError("Error building extension 'aiayn_cpu_attention': c++: not found")
+        raise RuntimeError("Error building extension 'aiayn_cpu_kernels': c++: not found")
 
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setattr(cpp_extension, "load", fail)
-    with pytest.warns(RuntimeWarning, match="could not be built .*c\\+\\+: not found.*torch's attention"):
-        assert not cpu_attention.available()
+    with pytest.warns(RuntimeWarning, match="could not be built .*c\\+\\+: not found.*torch's kernels"):
+        assert not cpu_kernels.available()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not cpu_attention.available()  # tried once: no second build, no second warning
+        assert not cpu_kernels.available()  # tried once: no second build, no second warning
     q, k, v = layouts(2, 4, 1, 6, 8, 8, seed=2)
     out, _ = scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out.double(), by_hand(q, k, v, None), atol=2e-6, rtol=1e-5)
-
+    logits = torch.randn(3, 11)
+    assert torch.equal(cpu_kernels.argmax(logits), logits.argmax(-1))  # torch's argmax, without the kernel
 
 @pytest.fixture(scope="module")
 def model_and_sources():
@@ -218,8 +219,8 @@ def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, 
             return greedy_decode(model, src, max_len=20)
 
     calls = []
-    real = cpu_attention.decode_attention
-    monkeypatch.setattr(cpu_attention, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    real = cpu_kernels.decode_attention
+    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(1) or real(*a))
     ours = run()
     assert calls, "the kernel did not run"
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
@@ -235,11 +236,58 @@ def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, 
 def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(monkeypatch, caplog):
     from torch.utils import cpp_extension
 
-    assert cpu_attention.available()
-    name = f"aiayn_cpu_attention_{torch.backends.cpu.get_cpu_capability().lower()}"
-    assert cpu_attention._built(cpp_extension, name)
-    assert not cpu_attention._built(cpp_extension, name + "_never_built")
-    monkeypatch.setattr(cpu_attention, "_state", {})
+    assert cpu_kernels.available()
+    name = f"aiayn_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}"
+    assert cpu_kernels._built(cpp_extension, name)
+    assert not cpu_kernels._built(cpp_extension, name + "_never_built")
+    monkeypatch.setattr(cpu_kernels, "_state", {})
     with caplog.at_level("INFO", logger="aiayn"):
-        assert cpu_attention.available()  # loads the cached build again
+        assert cpu_kernels.available()  # loads the cached build again
     assert "building" not in caplog.text
+
+
+# Greedy search's argmax ---------------------------------------------------------------------------
+
+
+def first_max(row: list[float]) -> int:
+    """The index of the first maximum, a NaN counting as the maximum: a plain scan."""
+    best, at = -math.inf, 0
+    for i, x in enumerate(row):
+        if math.isnan(x):
+            return i
+        if x > best:
+            best, at = x, i
+    return at
+
+
+@pytest.mark.parametrize("R,V", [(1, 1), (3, 7), (5, 8), (64, 1001), (17, 4099)])
+@pytest.mark.parametrize("layout", ["rows", "transposed", "strided"])
+def test_argmax_is_the_first_maximum_of_each_row(R, V, layout):
+    g = torch.Generator().manual_seed(R * V)
+    # few distinct values: ties everywhere, across the 8 lanes and across the threads' ranges
+    base = torch.randint(-3, 4, (R, V), generator=g).float()
+    base[0, -1] = 10.0  # the maximum in the last column
+    if R > 2:
+        base[1] = -math.inf  # a row of -inf: index 0
+        base[2, V // 2] = math.nan  # a NaN wins
+        base[2, V - 1] = math.nan  # ... the first one
+    x = {
+        "rows": base,
+        "transposed": base.t().contiguous().t(),  # a decoding step's logits (model/linear.py)
+        "strided": torch.stack([base, base], dim=2)[:, :, 0],  # stride 2 along V
+    }[layout]
+    got = cpu_kernels.argmax(x)
+    assert got.dtype == torch.long and got.shape == (R,)
+    assert got.tolist() == [first_max(row) for row in base.tolist()]
+    assert torch.equal(got, torch.argmax(x, dim=-1))  # torch's documented rule, the same
+
+
+def test_greedy_argmax_goes_through_the_kernel(monkeypatch):
+    calls = []
+    real = cpu_kernels.argmax
+    monkeypatch.setattr(cpu_kernels, "argmax", lambda x: calls.append(x.shape) or real(x))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(40)).eval()
+    src = torch.randint(3, 40, (3, 5))
+    greedy_decode(model, src, max_len=4, min_len=4)
+    assert calls == [(3, 40)] * 4
