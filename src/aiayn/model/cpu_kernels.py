@@ -165,6 +165,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
 def argmax(x: Tensor) -> Tensor:
     """``x.argmax(dim=-1)`` of ``(R, V)`` scores (a NaN counts as the maximum; the first index on a
     tie), by the kernel for float32 on the CPU. Shape: ``(R, V) -> (R,)``, int64."""
-    if x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and x.size(1) > 0 and available():
+    if x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and 0 < x.size(1) < 2**31 and available():
         return torch.ops.aiayn_cpu.argmax_rows(x)
     return x.argmax(dim=-1)
