@@ -60,8 +60,8 @@ def window_mask(
 
 
 class Packing(NamedTuple):
-    """The real tokens of a padded batch as N packed rows (not in the paper; an inference and
-    training economy, as in FasterTransformer's "remove padding").
+    """The real tokens of a padded batch as N packed rows (not in the paper; an inference
+    economy, as in FasterTransformer's "remove padding"; the encoder uses it in eval mode).
 
     The projections, the feed-forward network, residuals and layer norm act on each position
     alone, so they can run on the N real positions instead of all B·S; only attention needs the
