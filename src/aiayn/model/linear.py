@@ -18,9 +18,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Linear", "SMALL_ROWS", "linear"]
+__all__ = ["Linear", "SMALL_ROWS", "linear", "takes_transposed", "transposed"]
 
 SMALL_ROWS = 128  # above it an A/B of beam search (256 rows) showed no gain end to end
+
+
+def takes_transposed(x: Tensor) -> bool:
+    """Whether ``linear`` computes the transposed product for this input (float32 weights
+    aside): at most ``SMALL_ROWS`` rows of float32 on the CPU, autograd and autocast off."""
+    rows = x.numel() // x.size(-1) if x.size(-1) else 0
+    return (
+        0 < rows <= SMALL_ROWS
+        and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")  # autocast's mm would run in bf16 and the bias add promote it back
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+    )
+
+
+def transposed(x2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x Wᵀ + b computed as (W xᵀ + b)ᵀ, no checks: ``x2`` ``(R, d_in) -> (R, d_out)``, the
+    transposed view of the ``(d_out, R)`` product. Callers: ``linear``, and the flat decoding
+    step (``model/incremental.py``), which checks ``takes_transposed`` once a step."""
+    # (d_out, d_in) @ (d_in, R) -> (d_out, R); a bias joins inside the GEMM (beta = 1 on a broadcast
+    # copy of it), 5-10% faster than adding it afterwards
+    y = torch.mm(weight, x2.t()) if bias is None else torch.addmm(bias[:, None], weight, x2.t())
+    return y.t()  # (R, d_out)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -31,22 +54,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     (the next projection, layer norm, attention) takes either layout. Use ``reshape`` (or
     ``.contiguous()``) rather than ``view`` to merge its dimensions.
     """
-    rows = x.numel() // x.size(-1) if x.size(-1) else 0
-    if (
-        rows == 0
-        or rows > SMALL_ROWS
-        or torch.is_grad_enabled()
-        or torch.is_autocast_enabled("cpu")  # autocast's mm would run in bf16 and the bias add promote it back
-        or x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
-    ):
+    if weight.dtype != torch.float32 or not takes_transposed(x):
         return F.linear(x, weight, bias)
-    x2 = x.reshape(rows, x.size(-1))  # (R, d_in)
-    # (d_out, d_in) @ (d_in, R) -> (d_out, R); a bias joins inside the GEMM (beta = 1 on a broadcast
-    # copy of it), 5-10% faster than adding it afterwards
-    y = torch.mm(weight, x2.t()) if bias is None else torch.addmm(bias[:, None], weight, x2.t())
-    return y.t().view(*x.shape[:-1], weight.size(0))  # (R, d_out) viewed as (..., d_out)
+    y = transposed(x.reshape(-1, x.size(-1)), weight, bias)  # (R, d_out)
+    return y.view(*x.shape[:-1], weight.size(0))  # viewed as (..., d_out)
 
 
 class Linear(nn.Linear):
