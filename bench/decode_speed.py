@@ -5,6 +5,8 @@
      ``--quantize int8``'s dynamic quantization) and with Marian's ``generate`` (fp32);
 (iii) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
      BLEU (the int8 BLEU change).
+aiayn's fp32 rows come twice: with the flat decoding step (``model/incremental.py``, the default)
+and module by module (``AIAYN_FAST_STEP=0``), the same search in the same run.
 
 Work is equal: random weights (d_model 512, d_ff 2048, h 8, 6 + 6 layers, vocabulary 8,000,
 shared and tied), the same 64 random source sentences of 20-30 tokens, and every output forced to
@@ -20,6 +22,7 @@ fp32 matmul peak.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.decode import beam_search, greedy_decode
+from aiayn.model import incremental
 from aiayn.quantize import quantize_int8
 from common import machine, matmul_peak, median, table, write_result
 
@@ -67,6 +71,19 @@ def matmul_flops(src: torch.Tensor, length: int, beam: int) -> int:
     cross_kv = src_tokens * 2 * N * 2 * D * D  # the encoder-decoder K/V, once per source token
     step = 2 * (N * (4 * D * D + 2 * D * D + 2 * D * D_FF) + D * VOCAB)  # self QKV+O, cross Q+O, FFN, output
     return encoder + cross_kv + SENTENCES * beam * length * step
+
+
+def module_path(fn):
+    """``fn`` with decoding steps run module by module (``AIAYN_FAST_STEP=0``), for comparison."""
+
+    def run():
+        incremental.enabled = False
+        try:
+            return fn()
+        finally:
+            incremental.enabled = True
+
+    return run
 
 
 def alternating(fns: dict, repeats: int) -> dict[str, float]:
@@ -139,6 +156,8 @@ def main() -> None:
         "beam": lambda: beam_search(model, src, beam=4, max_len=L, min_len=L),
         "int8 beam": lambda: beam_search(int8, src, beam=4, max_len=L, min_len=L),
     }
+    for kind in ("greedy", "beam"):  # the same search with the decoding step module by module
+        runs[f"module {kind}"] = module_path(runs[kind])
     if not args.skip_marian:
         hf = marian()
         attention_mask = (src != 0).long()
@@ -152,11 +171,13 @@ def main() -> None:
 
         runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
-        seconds = alternating({k: runs[k] for k in (f"Marian {kind}", kind, f"int8 {kind}") if k in runs}, args.repeats)
+        names = (f"Marian {kind}", kind, f"module {kind}", f"int8 {kind}")
+        seconds = alternating({k: runs[k] for k in names if k in runs}, args.repeats)
         peer = seconds.get(f"Marian {kind}")
         if peer is not None:
             row(f"Marian generate {title} (fp32)", peer, beam)
         row(f"aiayn {title} (fp32)", seconds[kind], beam, peer=peer)
+        row(f"aiayn {title} (fp32, steps module by module)", seconds[f"module {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", seconds[f"int8 {kind}"], beam, peer=peer)
     result = {"machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "rows": rows}
     if args.model:
@@ -180,20 +201,21 @@ def trained(args: argparse.Namespace) -> dict:
     sources_text = (data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()
     references = (data / f"{args.split}.en").read_text(encoding="utf-8").splitlines()
     out = []
-    for quantize in (None, "int8"):
+    for quantize, step in ((None, "flat"), (None, "modules"), ("int8", "flat")):
         translator = Translator.from_pretrained(args.model, quantize=quantize)
         for beam in (1, 4):
+            translate = functools.partial(translator.translate, sources_text, beam=beam)
             start = time.perf_counter()
-            hypotheses = translator.translate(sources_text, beam=beam)
+            hypotheses = (translate if step == "flat" else module_path(translate))()
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             out.append({
-                "weights": quantize or "fp32", "beam": beam, "seconds": round(seconds, 2),
+                "weights": quantize or "fp32", "step": step, "beam": beam, "seconds": round(seconds, 2),
                 "sent_per_s": round(len(sources_text) / seconds, 1), "bleu": round(scores.bleu, 2),
                 "chrf": round(scores.chrf, 2),
             })  # fmt: skip
     print(f"\n{args.model} on {args.split} ({len(sources_text)} sentences):")
-    print(table(out, [("weights", "weights"), ("beam", "beam"), ("seconds", "seconds"),
+    print(table(out, [("weights", "weights"), ("step", "decoding step"), ("beam", "beam"), ("seconds", "seconds"),
                       ("sent_per_s", "sentences/s"), ("bleu", "BLEU"), ("chrf", "chrF")]))  # fmt: skip
     return {"model": args.model, "split": args.split, "rows": out}
 
