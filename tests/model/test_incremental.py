@@ -19,6 +19,8 @@ VARIANTS = {
     "pre-norm gelu": {"norm_first": True, "activation": "gelu"},
     "deeper decoder": {"N": 1, "N_dec": 3},
     "untied output": {"tie_output": False, "share_embeddings": False},
+    "d_k != d_v": {"d_k": 6, "d_v": 10},
+    "dropout (eval mode)": {"P_drop": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.1},
 }
 
 
