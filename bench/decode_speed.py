@@ -77,11 +77,11 @@ def module_path(fn):
     """``fn`` with decoding steps run module by module (``AIAYN_FAST_STEP=0``), for comparison."""
 
     def run():
-        incremental.enabled = False
+        before, incremental.enabled = incremental.enabled, False
         try:
             return fn()
         finally:
-            incremental.enabled = True
+            incremental.enabled = before
 
     return run
 

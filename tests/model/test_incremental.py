@@ -1,7 +1,8 @@
 """The flat decoding step (``model/incremental.py``) against the module-by-module decoder:
 bit-identical logits and caches, for both norms and activations, beams sharing the source K/V,
-padded sources, decoder-only and int8 models, large batches and torch's attention; and it
-serves exactly the calls it claims to (decoding steps in eval mode), the module path the rest.
+padded sources and prompts, windowed attention, reordered caches, decoder-only and int8
+models, large batches, autocast and torch's attention; and it serves exactly the calls it
+claims to (decoding steps in eval mode without autograd), the module path the rest.
 (tests/model/test_cache.py checks the cached steps, fast path included, against teacher forcing.)"""
 
 import pytest
@@ -21,6 +22,7 @@ VARIANTS = {
     "untied output": {"tie_output": False, "share_embeddings": False},
     "d_k != d_v": {"d_k": 6, "d_v": 10},
     "dropout (eval mode)": {"P_drop": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.1},
+    "windowed attention": {"attention_window": 3},  # a self-attention mask at every step
 }
 
 
@@ -37,12 +39,15 @@ def source(B: int = 4, S: int = 9, seed: int = 1) -> torch.Tensor:
     return src
 
 
-def decode_steps(model, src: torch.Tensor, tgt: torch.Tensor, fast: bool, monkeypatch, group: int = 1):
-    """Logits ``(B, T, V)`` of feeding ``tgt`` one token at a time, and the final cache."""
+def decode_steps(model, src: torch.Tensor, tgt: torch.Tensor, fast: bool, monkeypatch, group: int = 1, rows=None):
+    """Logits ``(B, T, V)`` of feeding ``tgt`` one token at a time, and the final cache; with
+    ``rows``, the cache is reordered (``reorder(rows)``, encoder-decoder K/V too) first."""
     monkeypatch.setattr(incremental, "enabled", fast)
     with torch.no_grad():
         enc = model.encode(src)
         cache = model.init_cache(enc.memory, enc.mask).expand(group)
+        if rows is not None:
+            cache.reorder(rows)
         steps = [model.decode(tgt[:, t : t + 1], cache=cache).logits for t in range(tgt.size(1))]
     return torch.cat(steps, dim=1), cache
 
@@ -135,6 +140,66 @@ def test_torchs_attention_serves_when_the_kernels_are_off(monkeypatch):
     assert torch.equal(fast, slow)
 
 
+def test_a_reordered_cache_and_rows_sharing_one_source_are_bit_identical(monkeypatch):
+    model = build()
+    src = source()
+    rows = torch.tensor([3, 0, 0, 2])  # encoder-decoder K/V gathered too (cross=True)
+    tgt = torch.randint(3, V, (4, 5), generator=torch.Generator().manual_seed(8))
+    fast, _ = decode_steps(model, src, tgt, True, monkeypatch, rows=rows)
+    slow, _ = decode_steps(model, src, tgt, False, monkeypatch, rows=rows)
+    assert torch.equal(fast, slow)
+    one = source(B=1)  # one encoded source for 4 rows, not expanded: attention broadcasts its row
+    fast, _ = decode_steps(model, one, tgt, True, monkeypatch)
+    slow, _ = decode_steps(model, one, tgt, False, monkeypatch)
+    assert torch.equal(fast, slow)
+
+
+def test_steps_after_a_left_padded_prompt_are_bit_identical(monkeypatch):
+    model = build(DecoderOnly)
+    prompt = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 11, 12, 13]])  # left-padded: a key mask from here on
+    tokens = torch.randint(3, V, (3, 6), generator=torch.Generator().manual_seed(9))
+
+    def run(fast):
+        monkeypatch.setattr(incremental, "enabled", fast)
+        cache = model.init_cache()
+        with torch.no_grad():
+            model.decode(prompt, cache=cache)
+            return torch.cat([model.decode(tokens[:, t : t + 1], cache=cache).logits for t in range(6)], dim=1)
+
+    assert torch.equal(run(True), run(False))
+
+
+def test_autocast_steps_are_bit_identical(monkeypatch):
+    model = build()
+    src = source()
+    tgt = torch.randint(3, V, (4, 4), generator=torch.Generator().manual_seed(10))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, _ = decode_steps(model, src, tgt, True, monkeypatch)
+        slow, _ = decode_steps(model, src, tgt, False, monkeypatch)
+    assert fast.dtype == slow.dtype and torch.equal(fast, slow)
+
+
+def test_with_autograd_on_every_trainable_layer_gets_its_gradient(monkeypatch):
+    """Eval mode with autograd on and the first layer frozen: attention in later layers must not
+    run in the CPU kernel (no backward), so the module path serves such calls."""
+    model = build()
+    for p in [*model.src_embedding.parameters(), *model.encoder.parameters(), *model.decoder.layers[0].parameters()]:
+        p.requires_grad_(False)
+    src, bos = source(), torch.ones(4, 1, dtype=torch.long)
+
+    def grads(fast):
+        monkeypatch.setattr(incremental, "enabled", fast)
+        model.zero_grad(set_to_none=True)
+        enc = model.encode(src)
+        cache = model.init_cache(enc.memory, enc.mask)
+        model.decode(bos, cache=cache)
+        model.decode(bos, cache=cache).logits.square().sum().backward()
+        return model.decoder.layers[1].self_attn.in_proj.weight.grad
+
+    fast, slow = grads(True), grads(False)
+    assert slow is not None and fast is not None and torch.equal(fast, slow)
+
+
 def count_steps(monkeypatch) -> list[int]:
     calls = [0]
     real = incremental.step
@@ -154,7 +219,7 @@ def test_greedy_runs_every_step_on_the_fast_path(monkeypatch):
     assert out.size(1) == 7 and calls[0] == 7
 
 
-def test_the_module_path_serves_training_weights_prompts_and_masks(monkeypatch):
+def test_the_module_path_serves_training_weights_prompts_and_autograd(monkeypatch):
     calls = count_steps(monkeypatch)
     model = build()
     src = source()
@@ -164,17 +229,13 @@ def test_the_module_path_serves_training_weights_prompts_and_masks(monkeypatch):
         cache = model.init_cache(enc.memory, enc.mask)
         model.decode(torch.ones(4, 3, dtype=torch.long), cache=cache)  # a prompt of 3 positions
         model.decode(bos, cache=cache, return_attention=True)  # weights asked for
-        padded = torch.tensor([[1], [0], [1], [1]])  # a padded key: a self-attention mask
-        model.decode(padded, cache=cache)
-        model.decode(bos, cache=cache)  # the key mask now persists: still masked
-        windowed = build(attention_window=2)
-        cache = windowed.init_cache(*windowed.encode(src)[:2])
-        windowed.decode(bos, cache=cache)
         model.train()
+        model.decode(bos, cache=model.init_cache(enc.memory, enc.mask))
+        model.eval()
+    model.decode(bos, cache=model.init_cache(enc.memory, enc.mask))  # autograd on
+    assert calls[0] == 0
+    with torch.no_grad():
         cache = model.init_cache(enc.memory, enc.mask)
         model.decode(bos, cache=cache)
-    assert calls[0] == 0
-    model.eval()
-    with torch.no_grad():
-        model.decode(bos, cache=model.init_cache(enc.memory, enc.mask))
-    assert calls[0] == 1
+        model.decode(torch.tensor([[1], [0], [1], [1]]), cache=cache)  # a padded key: masked, still flat
+    assert calls[0] == 2

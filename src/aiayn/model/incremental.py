@@ -19,10 +19,14 @@ residual and layer norm of post-norm or pre-norm (``ResidualNorm``) without the 
 modules. Its results are bit-identical to ``Decoder.forward`` (tests compare them for both
 norms, both activations, beams, padding, decoder-only models and int8 models).
 
-It serves what decoding needs: eval mode, one new position per row, no attention weights
-returned, and no self-attention mask (every cached key is a real token, as when translating;
-prompts with padding go module by module). ``AIAYN_FAST_STEP=0`` in the environment turns it
-off (``enabled``).
+It serves what decoding needs: the decoder in eval mode with autograd off, one new position
+per row, no attention weights returned (the self-attention mask of a step, over its keys only,
+is passed on: padded prompts and windowed attention). It is a second copy of the sublayers'
+forward passes (``DecoderLayer``, ``MultiHeadAttention``, ``PositionwiseFeedForward``,
+``ResidualNorm``), kept equal to them by the tests; what it leaves out: forward hooks on the
+decoder's submodules do not fire, and submodules put back in train mode inside an eval-mode
+decoder (Monte Carlo dropout) get no dropout. For those, set ``AIAYN_FAST_STEP=0`` in the
+environment before importing aiayn, or ``aiayn.model.incremental.enabled = False``.
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ __all__ = ["enabled", "applies", "step"]
 enabled = os.environ.get("AIAYN_FAST_STEP", "1") != "0"
 
 
-def applies(decoder: nn.Module, x: Tensor, self_mask: Tensor | None, cache: KVCache | None, need_weights: bool) -> bool:
+def applies(decoder: nn.Module, x: Tensor, cache: KVCache | None, need_weights: bool) -> bool:
     """Whether ``step`` computes this call of ``Decoder.forward``: a decoding step in eval mode
-    (one new position per row, a cache with the encoder-decoder K/V already set, no self-attention
-    mask, no weights asked for)."""
-    if not enabled or cache is None or need_weights or self_mask is not None or decoder.training:
+    with autograd off (one new position per row, a cache with the encoder-decoder K/V already
+    set, no weights asked for). With autograd on, the module path decides per layer whether
+    attention may run in the CPU kernel (which has no backward)."""
+    if not enabled or cache is None or need_weights or decoder.training or torch.is_grad_enabled():
         return False
     if x.dim() != 3 or x.size(1) != 1 or len(cache.self_attn) != len(decoder.layers):
         return False
@@ -57,19 +62,19 @@ def applies(decoder: nn.Module, x: Tensor, self_mask: Tensor | None, cache: KVCa
     return cache.cross_attn is not None and all(layer_cache.static for layer_cache in cache.cross_attn)
 
 
-def step(decoder: nn.Module, x: Tensor, memory_mask: Tensor | None, cache: KVCache) -> Tensor:
+def step(decoder: nn.Module, x: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None, cache: KVCache) -> Tensor:
     """The decoder stack (``Decoder.forward``) for one new position per row, appending its keys
     and values to ``cache``. Call only where ``applies`` holds.
 
-    Shape: x ``(B, 1, d_model)``; memory_mask ``(B / G, 1, 1, S)`` (True = real token) or None
-    -> ``(B, 1, d_model)``.
+    Shape: x ``(B, 1, d_model)``; self_mask ``(B|1, 1, 1, L + 1)`` over the cached keys and the
+    new one, memory_mask ``(B / G, 1, 1, S)``, both True = may attend, or None -> ``(B, 1, d_model)``.
     """
     B = x.size(0)
     x = x.reshape(B, x.size(-1))  # (B, d_model)
     plan = _Plan(takes_transposed(x))
     for i, layer in enumerate(decoder.layers):
         norm = layer.self_attn_norm
-        x = _after(norm, x, _self_attention(layer.self_attn, _before(norm, x), cache.self_attn[i], plan))
+        x = _after(norm, x, _self_attention(layer.self_attn, _before(norm, x), cache.self_attn[i], self_mask, plan))
         if layer.cross_attn is not None:
             norm = layer.cross_attn_norm
             y = _cross_attention(layer.cross_attn, _before(norm, x), cache.cross_attn[i], memory_mask, plan)
@@ -91,7 +96,7 @@ class _Plan:
         self.kernel: dict[str, bool] = {}
 
     def attend(self, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """softmax(Q Kᵀ / √d_k) V (eq. 1): ``(B, H, T, D_k)`` queries -> ``(B, H, T, D_v)``."""
+        """softmax(Q Kᵀ / √d_k) V (§3.2.1, eq. 1): ``(B, H, T, D_k)`` queries -> ``(B, H, T, D_v)``."""
         kernel = self.kernel.get(kind)
         if kernel is None:
             kernel = self.kernel[kind] = cpu_kernels.eligible(q, k, v, mask)
@@ -123,15 +128,17 @@ def _after(norm: ResidualNorm, x: Tensor, y: Tensor) -> Tensor:
     return F.layer_norm(x + y, n.normalized_shape, n.weight, n.bias, n.eps)
 
 
-def _self_attention(mha: MultiHeadAttention, x: Tensor, cache: AttentionCache, plan: _Plan) -> Tensor:
+def _self_attention(
+    mha: MultiHeadAttention, x: Tensor, cache: AttentionCache, mask: Tensor | None, plan: _Plan
+) -> Tensor:
     """Masked self-attention of the new position over the cached ones and itself (§3.2.3):
     ``(B, d_model) -> (B, d_model)``."""
     B, H, D_k, D_v = x.size(0), mha.h, mha.d_k, mha.d_v
     qkv = plan.project(mha.in_proj, x)  # (B, H (2 D_k + D_v))
-    q, k, v = qkv.split([H * D_k, H * D_k, H * D_v], dim=-1)
+    q, k, v = qkv.split([H * D_k, H * D_k, H * D_v], dim=-1)  # (B, H D_k), (B, H D_k), (B, H D_v)
     k, v = cache.append(k.view(B, H, 1, D_k), v.view(B, H, 1, D_v))  # (B, H, L, D_k), (B, H, L, D_v)
-    out = plan.attend("self", q.view(B, H, 1, D_k), k, v, None)  # (B, H, 1, D_v)
-    return plan.project(mha.out_proj, out.transpose(1, 2).reshape(B, H * D_v))
+    out = plan.attend("self", q.view(B, H, 1, D_k), k, v, mask)  # (B, H, 1, D_v)
+    return plan.project(mha.out_proj, out.transpose(1, 2).reshape(B, H * D_v))  # (B, H D_v) -> (B, d_model)
 
 
 def _cross_attention(
@@ -143,9 +150,9 @@ def _cross_attention(
     B, H, D_k, D_v, G = x.size(0), mha.h, mha.d_k, mha.d_v, cache.group
     q = mha.project_q(x[:, None])  # (B, H, 1, D_k)
     k, v = cache.k, cache.v  # (B / G, H, S, D_k), (B / G, H, S, D_v)
-    if G * k.size(0) != B:
-        raise ValueError(f"{B} query rows do not fill {k.size(0)} cached rows of {G} beams each")
     if G > 1:
+        if G * k.size(0) != B:
+            raise ValueError(f"{B} query rows do not fill {k.size(0)} cached rows of {G} beams each")
         q = q.view(-1, G, H, 1, D_k).transpose(1, 2).reshape(-1, H, G, D_k)  # (B / G, H, G, D_k)
     out = plan.attend("cross", q, k, v, mask)  # (B / G, H, G, D_v)
     out = out.transpose(1, 2).reshape(B, H * D_v)  # (B / G, G, H, D_v) -> (B, H D_v)

@@ -126,8 +126,8 @@ class Decoder(nn.Module):
         Returns ``(B, T, d_model)`` and, if asked, per-layer self-attention ``(B, H, T, T')``
         and encoder-decoder attention ``(B, H, T, S)`` weights.
         """
-        if incremental.applies(self, x, self_mask, cache, return_attention):  # a decoding step, flat
-            return incremental.step(self, x, memory_mask, cache), None, None
+        if incremental.applies(self, x, cache, return_attention):  # a decoding step, flat
+            return incremental.step(self, x, self_mask, memory_mask, cache), None, None
         self_attention = [] if return_attention else None
         cross_attention = [] if return_attention else None
         for i, layer in enumerate(self.layers):
