@@ -191,6 +191,7 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     logits = torch.randn(3, 11)
     assert torch.equal(cpu_kernels.argmax(logits), logits.argmax(-1))  # torch's argmax, without the kernel
 
+
 @pytest.fixture(scope="module")
 def model_and_sources():
     torch.manual_seed(0)

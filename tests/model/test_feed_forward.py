@@ -27,6 +27,19 @@ def test_relu_ffn_equals_max_0_xW1_b1_W2_b2():
     torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=0)
 
 
+def test_relu_ffn_gradients_equal_the_formula_s():
+    """ReLU runs in place on x W1 + b1: autograd must still get every gradient of eq. 2."""
+    ffn = seeded_ffn("relu")
+    x = torch.randn(2, 5, 6, requires_grad=True)
+    ffn(x).square().sum().backward()
+    params = [ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight, ffn.linear2.bias]
+    W1, b1, W2, b2 = (p.detach().clone().requires_grad_() for p in params)
+    x2 = x.detach().clone().requires_grad_()
+    (torch.maximum(torch.zeros(()), x2 @ W1.T + b1) @ W2.T + b2).square().sum().backward()
+    for ours, theirs in zip([x, *params], [x2, W1, b1, W2, b2]):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_ffn_acts_on_each_position_alone():
     ffn = seeded_ffn("relu")
     x = torch.randn(1, 4, 6)

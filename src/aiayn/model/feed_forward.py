@@ -32,4 +32,9 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, d_model)
+        h = self.linear1(x)  # (B, L, d_ff), a fresh tensor no one else holds
+        # ReLU in place: max(0, ·) writes over x W1 + b1 (which its backward does not need) instead
+        # of a second (B, L, d_ff) tensor; 1.2x faster for the encoder's FFN at the base shape
+        # (1,730 source tokens), where that tensor is 14 MB (docs/benchmarks.md)
+        h = h.relu_() if self.activation is F.relu else self.activation(h)
+        return self.linear2(self.dropout(h))  # (B, L, d_model)
