@@ -36,7 +36,7 @@ def test_relu_ffn_gradients_equal_the_formula_s():
     W1, b1, W2, b2 = (p.detach().clone().requires_grad_() for p in params)
     x2 = x.detach().clone().requires_grad_()
     (torch.maximum(torch.zeros(()), x2 @ W1.T + b1) @ W2.T + b2).square().sum().backward()
-    for ours, theirs in zip([x, *params], [x2, W1, b1, W2, b2]):
+    for ours, theirs in zip([x, *params], [x2, W1, b1, W2, b2], strict=True):
         torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-5)
 
 
