@@ -4,7 +4,7 @@
 (ii) greedy and beam-4 translation of the same 64 sentences with aiayn (fp32, and int8 with
      ``--quantize int8``'s dynamic quantization) and with Marian's ``generate`` (fp32);
 (iii) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
-     BLEU (the int8 BLEU change).
+     BLEU (the int8 BLEU change); its decoders alternate too (at most 3 rounds).
 aiayn's fp32 rows come twice: with the flat decoding step (``model/incremental.py``, the default)
 and module by module (``AIAYN_FAST_STEP=0``), the same search in the same run.
 
@@ -193,31 +193,52 @@ COLUMNS = [
 
 
 def trained(args: argparse.Namespace) -> dict:
-    """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4."""
+    """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4. The three
+    decoders of a search (fp32 with the flat step, fp32 module by module, int8) alternate, as in
+    (ii); BLEU is scored on each one's first (warm-up) output."""
     from aiayn import Translator
     from aiayn.evaluate import score_translations
 
     data = Path(args.data)
     sources_text = (data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()
     references = (data / f"{args.split}.en").read_text(encoding="utf-8").splitlines()
+    translators = {
+        None: Translator.from_pretrained(args.model),
+        "int8": Translator.from_pretrained(args.model, quantize="int8"),
+    }
+    rounds = min(args.repeats, 3)
     out = []
-    for quantize, step in ((None, "flat"), (None, "modules"), ("int8", "flat")):
-        translator = Translator.from_pretrained(args.model, quantize=quantize)
-        for beam in (1, 4):
-            translate = functools.partial(translator.translate, sources_text, beam=beam)
-            start = time.perf_counter()
-            hypotheses = (translate if step == "flat" else module_path(translate))()
-            seconds = time.perf_counter() - start
-            scores = score_translations(hypotheses, references)
+    for beam in (1, 4):
+        hypotheses: dict[str, list[str]] = {}
+        decoders = {"fp32 flat": (None, "flat"), "fp32 modules": (None, "modules"), "int8 flat": ("int8", "flat")}
+        fns = {
+            name: _decoder(translators[quantize], sources_text, beam, step == "flat", hypotheses, name)
+            for name, (quantize, step) in decoders.items()
+        }
+        seconds = alternating(fns, rounds)
+        for name, (quantize, step) in decoders.items():
+            scores = score_translations(hypotheses[name], references)
             out.append({
-                "weights": quantize or "fp32", "step": step, "beam": beam, "seconds": round(seconds, 2),
-                "sent_per_s": round(len(sources_text) / seconds, 1), "bleu": round(scores.bleu, 2),
+                "weights": quantize or "fp32", "step": step, "beam": beam, "seconds": round(seconds[name], 2),
+                "sent_per_s": round(len(sources_text) / seconds[name], 1), "bleu": round(scores.bleu, 2),
                 "chrf": round(scores.chrf, 2),
             })  # fmt: skip
-    print(f"\n{args.model} on {args.split} ({len(sources_text)} sentences):")
+    print(f"\n{args.model} on {args.split} ({len(sources_text)} sentences; median of {rounds} alternating rounds):")
     print(table(out, [("weights", "weights"), ("step", "decoding step"), ("beam", "beam"), ("seconds", "seconds"),
                       ("sent_per_s", "sentences/s"), ("bleu", "BLEU"), ("chrf", "chrF")]))  # fmt: skip
-    return {"model": args.model, "split": args.split, "rows": out}
+    return {"model": args.model, "split": args.split, "rounds": rounds, "rows": out}
+
+
+def _decoder(translator, sources_text: list[str], beam: int, flat: bool, hypotheses: dict, name: str):
+    """A timed call translating ``sources_text`` (module by module unless ``flat``) that keeps its
+    first output in ``hypotheses[name]``."""
+    translate = functools.partial(translator.translate, sources_text, beam=beam)
+    run = translate if flat else module_path(translate)
+
+    def fn():
+        hypotheses.setdefault(name, run())
+
+    return fn
 
 
 if __name__ == "__main__":
