@@ -22,6 +22,9 @@ class PositionwiseFeedForward(nn.Module):
 
     Inner size d_ff (2048 in the base model); ``activation="gelu"`` replaces max(0, ·).
     Shape: ``(B, L, d_model) -> (B, L, d_model)``.
+
+    ReLU runs in place on x W1 + b1: a forward hook on ``linear1`` that keeps its output should
+    keep a clone, as the tensor it sees becomes max(0, ·) afterwards.
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", activation_dropout: float = 0.0) -> None:
