@@ -250,6 +250,18 @@ def test_quantize_flag(model_dir, capsys):
     assert len(capsys.readouterr().out.split("\n")) == 3
 
 
+def test_quantize_without_quantize_dynamic_is_a_one_line_error(model_dir, capsys, monkeypatch):
+    """A torch that has moved ``quantize_dynamic`` out of torch.ao.quantization (to torchao) gets a
+    clear error naming what is missing, not a traceback."""
+    import torch.ao.quantization
+
+    monkeypatch.delattr(torch.ao.quantization, "quantize_dynamic")
+    assert main(["translate", "--model", str(model_dir), "--quantize", "int8", "Das Haus."]) == 1
+    err = capsys.readouterr().err
+    assert "aiayn translate: error: int8 quantization needs torch.ao.quantization.quantize_dynamic" in err
+    assert "Traceback" not in err
+
+
 def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_build_fails(
     model_dir, capsys, monkeypatch
 ):

@@ -77,6 +77,12 @@ def quantize_int8(model: Transformer) -> Transformer:
             module.__class__ = nn.Linear
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
-        from torch.ao.quantization import quantize_dynamic
+        try:
+            from torch.ao.quantization import quantize_dynamic
+        except ImportError as e:  # a torch that has moved it out (to torchao)
+            raise ValueError(
+                f"int8 quantization needs torch.ao.quantization.quantize_dynamic, which torch {torch.__version__} "
+                f"does not have ({e}); decode without --quantize, or use torch 2.13 (constraints.txt)"
+            ) from None
 
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
