@@ -163,9 +163,10 @@ def main() -> None:
         attention_mask = (src != 0).long()
 
         def generate(beams: int):
+            beam_flags = {"early_stopping": False, "length_penalty": 0.6} if beams > 1 else {}  # greedy takes neither
             out = hf.generate(
                 input_ids=src, attention_mask=attention_mask, num_beams=beams, do_sample=False,
-                min_new_tokens=L, max_new_tokens=L, early_stopping=False, length_penalty=0.6,
+                min_new_tokens=L, max_new_tokens=L, **beam_flags,
             )  # fmt: skip
             assert out.size(1) == L + 1, out.shape  # decoder start + L tokens
 
