@@ -180,7 +180,10 @@ def main() -> None:
         row(f"aiayn {title} (fp32)", seconds[kind], beam, peer=peer)
         row(f"aiayn {title} (fp32, steps module by module)", seconds[f"module {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", seconds[f"int8 {kind}"], beam, peer=peer)
-    result = {"machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "rows": rows}
+    result = {
+        "machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "repeats": args.repeats,
+        "rows": rows,
+    }  # fmt: skip
     if args.model:
         result["ding"] = trained(args)
     print(table(rows, COLUMNS))
@@ -232,12 +235,14 @@ def trained(args: argparse.Namespace) -> dict:
 
 def _decoder(translator, sources_text: list[str], beam: int, flat: bool, hypotheses: dict, name: str):
     """A timed call translating ``sources_text`` (module by module unless ``flat``) that keeps its
-    first output in ``hypotheses[name]``."""
+    first output in ``hypotheses[name]`` and checks every later one against it."""
     translate = functools.partial(translator.translate, sources_text, beam=beam)
     run = translate if flat else module_path(translate)
 
     def fn():
-        hypotheses.setdefault(name, run())
+        out = run()
+        if hypotheses.setdefault(name, out) != out:
+            raise RuntimeError(f"{name}, beam {beam}: a repeated translation differs from the first")
 
     return fn
 

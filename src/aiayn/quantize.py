@@ -82,7 +82,8 @@ def quantize_int8(model: Transformer) -> Transformer:
         except ImportError as e:  # a torch that has moved it out (to torchao)
             raise ValueError(
                 f"int8 quantization needs torch.ao.quantization.quantize_dynamic, which torch {torch.__version__} "
-                f"does not have ({e}); decode without --quantize, or use torch 2.13 (constraints.txt)"
+                f"does not have ({e}); decode in fp32 (no --quantize, or quantize=None), "
+                "or use torch 2.13 (constraints.txt)"
             ) from None
 
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)

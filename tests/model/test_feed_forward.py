@@ -28,16 +28,32 @@ def test_relu_ffn_equals_max_0_xW1_b1_W2_b2():
 
 
 def test_relu_ffn_gradients_equal_the_formula_s():
-    """ReLU runs in place on x W1 + b1: autograd must still get every gradient of eq. 2."""
+    """Every gradient of eq. 2, also with a full backward hook on linear1 (whose output is then a
+    view that may not change in place)."""
     ffn = seeded_ffn("relu")
+    seen = []
+    ffn.linear1.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].shape))
     x = torch.randn(2, 5, 6, requires_grad=True)
     ffn(x).square().sum().backward()
+    assert seen == [torch.Size([2, 5, 10])]
     params = [ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight, ffn.linear2.bias]
     W1, b1, W2, b2 = (p.detach().clone().requires_grad_() for p in params)
     x2 = x.detach().clone().requires_grad_()
     (torch.maximum(torch.zeros(()), x2 @ W1.T + b1) @ W2.T + b2).square().sum().backward()
     for ours, theirs in zip([x, *params], [x2, W1, b1, W2, b2], strict=True):
         torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_relu_ffn_without_autograd_equals_the_formula():
+    """Inference (ReLU in place on x W1 + b1, and the decoding path's transposed products for
+    few rows) gives eq. 2 too."""
+    ffn = seeded_ffn("relu")
+    x = torch.randn(3, 4, 6)
+    with torch.no_grad():
+        hidden = x @ ffn.linear1.weight.T + ffn.linear1.bias
+        assert (hidden < 0).any() and (hidden > 0).any()
+        expected = torch.maximum(torch.zeros(()), hidden) @ ffn.linear2.weight.T + ffn.linear2.bias
+        torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=0)
 
 
 def test_ffn_acts_on_each_position_alone():
