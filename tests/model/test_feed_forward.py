@@ -27,7 +27,7 @@ def test_relu_ffn_equals_max_0_xW1_b1_W2_b2():
     torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=0)
 
 
-def test_relu_ffn_gradients_equal_the_formula_s():
+def test_relu_ffn_gradients_equal_the_formula():
     """Every gradient of eq. 2, also with a full backward hook on linear1 (whose output is then a
     view that may not change in place)."""
     ffn = seeded_ffn("relu")
