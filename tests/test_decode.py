@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from aiayn import decode
 from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_ids
 from aiayn.model import ModelConfig, Transformer
 
@@ -52,6 +53,20 @@ def test_fixture_outputs_end_at_different_lengths():
 def test_greedy_with_cache_equals_recomputation():
     model, src = _model(), _sources([3, 7, 5, 9, 2, 6])
     assert torch.equal(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
+
+
+@pytest.mark.parametrize("fraction", [1, 2, 10**9])  # never, at half the rows, at every sentence's end
+def test_greedy_output_does_not_depend_on_when_finished_rows_leave_the_batch(monkeypatch, fraction):
+    """Finished rows stay in the batch until a fraction of it has ended (``COMPACT_FRACTION``);
+    the output, pads after EOS included, must not change, with or without the cache."""
+    model, src = _model(), _sources([3, 7, 5, 9, 2, 6, 4, 8])
+    monkeypatch.setattr(decode, "COMPACT_FRACTION", 10**9)
+    compact_every_time = greedy_decode(model, src, max_len_a=10)
+    lengths = [len(_trim(row)) for row in compact_every_time.tolist()]
+    assert len(set(lengths)) > 3, lengths  # sentences end at several different steps
+    monkeypatch.setattr(decode, "COMPACT_FRACTION", fraction)
+    for use_cache in (True, False):
+        assert torch.equal(greedy_decode(model, src, max_len_a=10, use_cache=use_cache), compact_every_time)
 
 
 def test_greedy_is_argmax_of_teacher_forced_logits():
