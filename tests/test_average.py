@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -37,6 +38,19 @@ def test_averaging_copies_of_one_checkpoint_gives_it_exactly(tmp_path):
     averaged = average_checkpoints([path] * 5)
     original = safetensors.torch.load_file(str(path / "model.safetensors"))
     assert all(torch.equal(averaged.state_dict()[k], v) for k, v in original.items())
+
+
+def test_a_broken_or_different_later_checkpoint_is_an_error_naming_it(tmp_path):
+    first, second = _save(tmp_path, 0), _save(tmp_path, 1)
+    wider = _save(tmp_path, 2, d_model=24, d_ff=48)  # the same tensor names, other shapes
+    with pytest.raises(ValueError, match=rf"{wider / 'model.safetensors'}: .* has shape .* in {first}"):
+        average_checkpoints([first, wider])
+    (second / "model.safetensors").write_bytes((first / "model.safetensors").read_bytes()[:200])  # cut short
+    with pytest.raises(ValueError, match=rf"{second / 'model.safetensors'}: not a readable safetensors file"):
+        average_checkpoints([first, second])
+    (second / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"{second / 'model.safetensors'}: no such file"):
+        average_checkpoints([first, second])
 
 
 def test_trainer_averages_the_last_n_checkpoints(tmp_path):

@@ -1,6 +1,7 @@
 """Translation from text: the Translator API, the translate / evaluate commands, bad input,
 and int8 quantization."""
 
+import json
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from torch import nn
 from aiayn.cli import main
 from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
 from aiayn.decode import beam_search, greedy_decode
+from aiayn.evaluate import score_translations
 from aiayn.model import ModelConfig, Transformer
 from aiayn.quantize import quantize_int8
 from aiayn.translator import Translator
@@ -215,6 +217,7 @@ def test_translate_reads_a_pipe_and_stops_quietly_when_its_reader_goes_away(mode
         (lambda d: (d / "model.safetensors").unlink(), "model.safetensors"),
         (lambda d: (d / "config.json").write_text("{"), "config.json"),
         (lambda d: (d / "config.json").unlink(), "config.json"),
+        (lambda d: _set_config(d, d_model=24, d_ff=48), "model.safetensors: does not match"),  # every shape differs
     ],
 )
 def test_broken_model_directory_is_a_one_line_error_naming_the_file(model_dir, tmp_path, capsys, damage, named):
@@ -226,6 +229,43 @@ def test_broken_model_directory_is_a_one_line_error_naming_the_file(model_dir, t
     assert main(["translate", "--model", str(broken), "Das Haus."]) == 1
     err = capsys.readouterr().err
     assert err.startswith("aiayn translate: error:") and named in err and "Traceback" not in err
+    assert len(err.splitlines()) <= 6  # torch's list of every mismatched tensor is cut short
+
+
+def _set_config(directory, **fields):
+    import json
+
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def test_bad_search_options_and_devices_are_one_line_errors(model_dir, tmp_path, capsys, monkeypatch):
+    for flags in (["--beam", "0"], ["--max-tokens", "0"], ["--nbest", "0"], ["--beam", "-2"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["translate", "--model", str(model_dir), *flags, "Das Haus."])
+        assert exit_info.value.code == 2 and "is not a positive integer" in capsys.readouterr().err
+    translator = Translator.from_pretrained(model_dir)
+    for options in ({"beam": 0}, {"beam": 2, "nbest": 3}, {"max_tokens": 0}):
+        with pytest.raises(ValueError, match=">= 1"):
+            translator.translate(["Das Haus."], **options)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this machine, whatever it is
+    for device, message in (("cuda", "CUDA is not available"), ("foo", "unknown device 'foo'")):
+        assert main(["translate", "--model", str(model_dir), "--device", device, "Das Haus."]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("aiayn translate: error:") and message in err and "safetensors" not in err
+    (tmp_path / "in.txt").write_text("Der Hund.\n")
+    assert main(["translate", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"), "Das Haus."]) == 1
+    assert "not both" in capsys.readouterr().err
+
+
+def test_nbest_rows_keep_three_tab_separated_fields(model_dir, capsys, monkeypatch):
+    def stream(self, sources, *args, **kwargs):
+        for _ in sources:
+            yield [("a\tb", -0.5), ("c", -1.25)]
+
+    monkeypatch.setattr(Translator, "translate_stream", stream)
+    assert main(["translate", "--model", str(model_dir), "--nbest", "2", "--beam", "2", "Das Haus."]) == 0
+    assert capsys.readouterr().out.splitlines() == ["0\t-0.5000\ta b", "0\t-1.2500\tc"]
 
 
 def test_int8_quantization_replaces_every_linear_and_stays_close(model_dir):
@@ -292,21 +332,46 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     ]
 
 
-def test_evaluate_bleu_equals_the_sacrebleu_command_line(model_dir, tmp_path, capsys):
+def test_evaluate_bleu_and_chrf_equal_the_sacrebleu_command_line(model_dir, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     (data / "test.de").write_text("".join(s + "\n" for s in SENTENCES[0::2]), encoding="utf-8")
     (data / "test.en").write_text("".join(s + "\n" for s in SENTENCES[1::2]), encoding="utf-8")
+    evaluate = ["evaluate", "--model", str(model_dir), "--data", str(data), "--split", "test", "--beam", "2"]
+    first = tmp_path / "first.txt"
+    assert main([*evaluate, "--output", str(first)]) == 0
+    # A random model's translations share nothing with the references: BLEU 0 would match anything.
+    # References that share some of their words make a score that can be wrong.
+    references = []
+    for i, (hypothesis, english) in enumerate(zip(first.read_text().splitlines(), SENTENCES[1::2], strict=True)):
+        words = hypothesis.split()
+        references.append(" ".join(words[: len(words) // 2 + 1]) + " " + english if i % 3 else hypothesis)
+    (data / "test.en").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     hyp = tmp_path / "hyp.txt"
-    assert main(["evaluate", "--model", str(model_dir), "--data", str(data), "--split", "test",
-                 "--output", str(hyp), "--beam", "2"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main([*evaluate, "--output", str(hyp)]) == 0
     out = capsys.readouterr().out
-    bleu = subprocess.run(
-        [sys.executable, "-m", "sacrebleu", str(data / "test.en"), "-i", str(hyp), "-m", "bleu", "-b"],
+    assert hyp.read_text() == first.read_text()
+    metrics = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(data / "test.en"), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2"],
         capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    assert f"BLEU {float(bleu):.2f}" in out
+    ).stdout  # fmt: skip
+    bleu, chrf = json.loads(metrics)
+    assert 5 < bleu["score"] < 95 and 5 < chrf["score"] < 95  # neither nothing nor everything in common
+    assert f"BLEU {bleu['score']:.2f}  chrF {chrf['score']:.2f}" in out
+    assert bleu["signature"] in out and chrf["signature"] in out
     assert "beam 2" in out and "perplexity of the references:" in out
+
+
+def test_evaluate_empty_files_is_a_one_line_error(model_dir, tmp_path, capsys):
+    (tmp_path / "e.de").write_text("")
+    (tmp_path / "e.en").write_text("")
+    argv = ["evaluate", "--model", str(model_dir), "--src", str(tmp_path / "e.de"), "--ref", str(tmp_path / "e.en")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn evaluate: error:") and "e.de" in err and "empty" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="no sentences"):
+        score_translations([], [])
 
 
 @torch.no_grad()

@@ -117,6 +117,16 @@ def test_plot_attention_selects_kinds_layers_heads(maps):
         viz.plot_attention(maps, kinds=["self"])
 
 
+def test_an_attention_grid_too_large_to_draw_is_an_error(maps, monkeypatch):
+    many = maps._replace(source=maps.source * 100)  # panels of 100× the tokens: over 100 inches each
+    with pytest.raises(ValueError, match=r"would be \d+ x \d+ pixels .*fewer kinds, layers or heads"):
+        viz.plot_attention(many)
+    monkeypatch.setattr(viz, "MAX_PIXELS", 2 * 10**5)  # a total of pixels, not only a side, is bounded
+    with pytest.raises(ValueError, match="pixels"):
+        viz.plot_attention(maps)
+    assert len(viz.plot_attention(maps, kinds=["cross"], layers=[0], heads=[0]).axes) == 1
+
+
 def test_positional_encoding_plot_is_the_formula(tmp_path):
     L, d = 50, 16
     fig = viz.plot_positional_encoding(L, d, out=tmp_path / "pe.png")

@@ -124,6 +124,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     sources, references = _read_lines(args.src), _read_lines(args.ref)
     if len(sources) != len(references):
         raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}")
+    if not sources:
+        raise ValueError(f"{args.src} and {args.ref} are empty: nothing to translate and score")
     start = time.perf_counter()
     hypotheses = [_one_line(h) for h in translator.translate(sources, progress=True, **_search(args))]
     seconds = time.perf_counter() - start
@@ -144,6 +146,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from .data.corpus import count_lines, read_lines
 
+    if args.sentences and args.input:
+        raise ValueError("give sentences as arguments or --input FILE, not both")
     translator = _translator(args)
     with contextlib.ExitStack() as stack:
         interactive = False
@@ -170,7 +174,7 @@ def _print_translations(translator, sources: Iterable[str], total: int | None, i
     )
     for i, result in enumerate(results):
         if args.nbest > 1:
-            rows = [f"{i}\t{score:.4f}\t{_one_line(text)}" for text, score in result]
+            rows = [f"{i}\t{score:.4f}\t{_one_line(text).replace(chr(9), ' ')}" for text, score in result]
         else:
             rows = [_one_line(result)]
         try:
@@ -296,12 +300,16 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--beam", type=int, default=4, help="beam size, 1 = greedy (default %(default)s, §6.1)")
+    parser.add_argument(
+        "--beam", type=_positive_int, default=4, help="beam size, 1 = greedy (default %(default)s, §6.1)"
+    )
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default %(default)s)")
     parser.add_argument(
         "--max-len-a", type=int, default=50, help="outputs may be this many tokens longer than the source (%(default)s)"
     )
-    parser.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch (default %(default)s)")
+    parser.add_argument(
+        "--max-tokens", type=_positive_int, default=4096, help="source tokens per batch (default %(default)s)"
+    )
     parser.add_argument(
         "--no-repeat-ngram-size",
         type=int,
@@ -365,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--model", required=True, help="model directory")
     translate.add_argument("--input", help="a file with one sentence per line")
     translate.add_argument(
-        "--nbest", type=int, default=1, help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1)"
+        "--nbest",
+        type=_positive_int,
+        default=1,
+        help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1)",
     )
     translate.add_argument(
         "--buffer-size",

@@ -324,6 +324,10 @@ def translate_ids(
     """
     from .data.batching import TokenBatcher
 
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if not sources:
         return []
     config = model.config

@@ -38,6 +38,8 @@ ATTENTION_KINDS = {
     "dec": ("decoder_self", "decoder self-attention"),
     "cross": ("decoder_cross", "encoder-decoder attention"),
 }
+DPI = 100  # of the attention grid's PNG
+MAX_PIXELS = 2**28  # the largest attention grid drawn (1 GB as RGBA); larger asks for a smaller selection
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -182,7 +184,15 @@ def plot_attention(
             heads_of = _select(heads, weights[layer].size(0), "heads")
             grid.append([(f"{title}, layer {layer}, head {h}", weights[layer][h], rows, columns) for h in heads_of])
     size = 1.5 + 0.2 * max(len(maps.source), len(maps.target))  # inches per panel: room for the tick labels
-    fig = Figure(figsize=(size * len(grid[0]), size * len(grid) + 0.6), layout="constrained")
+    width, height = size * len(grid[0]), size * len(grid) + 0.6
+    pixels = (round(width * DPI), round(height * DPI))
+    if max(pixels) >= 2**16 or pixels[0] * pixels[1] > MAX_PIXELS:  # Agg's limit per side; ~1 GB of RGBA
+        raise ValueError(
+            f"the attention figure would be {pixels[0]} x {pixels[1]} pixels ({len(grid)} x {len(grid[0])} panels "
+            f"of {max(len(maps.source), len(maps.target))} tokens); choose fewer kinds, layers or heads, "
+            "or a shorter sentence"
+        )
+    fig = Figure(figsize=(width, height), layout="constrained")
     fig.suptitle(f"{maps.sentence}  →  {maps.translation}", fontsize=10)
     axes = fig.subplots(len(grid), len(grid[0]), squeeze=False)
     for row_axes, row in zip(axes, grid, strict=True):
@@ -192,7 +202,7 @@ def plot_attention(
             ax.set_yticks(range(len(rows)), labels=rows, fontsize=7)
             ax.set_title(title, fontsize=8)
     if out is not None:
-        fig.savefig(out, dpi=100)
+        fig.savefig(out, dpi=DPI)
     return fig
 
 

@@ -66,6 +66,7 @@ class PretrainedMixin:
     def from_pretrained(cls: type[M], directory: str | Path, device: str | torch.device = "cpu") -> M:
         """Rebuild a model saved by ``save_pretrained``. Errors name the file at fault."""
         directory = Path(directory)
+        device = _available(device)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory}: not a model directory")
         config, metadata = ModelConfig.load(directory / CONFIG_NAME)
@@ -83,6 +84,27 @@ class PretrainedMixin:
             safetensors.torch.load_model(model, weights, strict=True, device=str(device))
         except safetensors.SafetensorError as e:
             raise ValueError(f"{weights}: not a readable safetensors file: {e}") from None
-        except RuntimeError as e:
-            raise ValueError(f"{weights}: does not match {directory / CONFIG_NAME}: {e}") from None
+        except RuntimeError as e:  # missing, unexpected or differently shaped tensors: torch lists them all
+            lines = str(e).splitlines()
+            more = f"\n  ... and {len(lines) - 4} more lines" if len(lines) > 4 else ""
+            raise ValueError(
+                f"{weights}: does not match {directory / CONFIG_NAME}: " + "\n".join(lines[:4]) + more
+            ) from None
         return model.to(device)  # type: ignore[attr-defined]
+
+
+def _available(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``, or a ValueError saying why this machine cannot use it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {str(device)!r}: {e}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {str(device)!r}: CUDA is not available here (torch {torch.__version__})")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device {str(device)!r}: this machine has {count} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(device)!r}: MPS is not available here")
+    return device
