@@ -256,3 +256,35 @@ def test_no_repeat_ngram_yields_where_min_len_leaves_no_other_token():
         assert hyps and len(hyps[0].tokens) >= 7 and PAD not in hyps[0].tokens
     with pytest.raises(ValueError, match="no_repeat_ngram_size must be >= 0"):
         beam_search(model, src, no_repeat_ngram_size=-1)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(monkeypatch, positional):
+    """``translate_ids`` decodes greedily with new sentences joining the cache as others end
+    (``_greedy_refilled``): each output must be what ``greedy_decode`` gives the sentence alone,
+    and the cache must not grow with the number of sentences."""
+    model = _model(seed=1, positional=positional, max_len=64)
+    g = torch.Generator().manual_seed(9)
+    sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (60,), generator=g)]
+    alone = []
+    for ids in sources:
+        row = greedy_decode(model, torch.tensor([[*ids, EOS]]), max_len_a=6)[0].tolist()
+        alone.append(_trim(row))
+    assert len({len(x) for x in alone}) > 4  # sentences end at many different steps
+    lengths, rows = [], []
+    decode_step = model.decode
+
+    def spy(tgt, *args, cache=None, **kwargs):
+        lengths.append(cache.length)
+        rows.append(tgt.size(0))
+        return decode_step(tgt, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(model, "decode", spy)
+    refilled = translate_ids(model, sources, max_tokens=40, max_len_a=6)  # batches of a few sentences
+    assert refilled == alone
+    assert max(lengths) <= 2 * (11 + 1 + 6)  # leading positions no row attends to are dropped
+    monkeypatch.setattr(decode, "REFILL", False)
+    steps_refilled = len(rows)
+    rows.clear()
+    assert translate_ids(model, sources, max_tokens=40, max_len_a=6) == alone
+    assert steps_refilled < len(rows)  # batch after batch takes more steps for the same sentences

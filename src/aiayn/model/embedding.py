@@ -71,11 +71,12 @@ class SinusoidalPositionalEncoding(nn.Module):
         # not saved in checkpoints: it is a function of the config
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        end = offset + x.size(1)
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """``offset``: the position of ``x[:, 0]``, or one per row ``(B,)`` (rows at different steps)."""
+        end = _end(offset, x.size(1))
         if end > self.pe.size(0):
             self.pe = sinusoidal_encoding(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe.device)
-        return x + self.pe[offset:end].to(x.dtype)
+        return x + _rows(self.pe, offset, x.size(1)).to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -92,10 +93,24 @@ class LearnedPositionalEmbedding(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        end = offset + x.size(1)
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """``offset``: the position of ``x[:, 0]``, or one per row ``(B,)`` (rows at different steps)."""
+        end = _end(offset, x.size(1))
         if end > self.weight.size(0):
             raise ValueError(
                 f"sequence reaches position {end}, but learned positional embeddings have max_len={self.weight.size(0)}"
             )
-        return x + self.weight[offset:end]
+        return x + _rows(self.weight, offset, x.size(1))
+
+
+def _end(offset: int | Tensor, T: int) -> int:
+    """One past the last position that ``T`` positions from ``offset`` reach."""
+    return (int(offset.max()) if isinstance(offset, Tensor) else offset) + T
+
+
+def _rows(table: Tensor, offset: int | Tensor, T: int) -> Tensor:
+    """The rows of a position table for ``T`` positions from ``offset``: ``(T, d_model)``, or
+    ``(B, T, d_model)`` for one offset per row ``(B,)``."""
+    if isinstance(offset, Tensor):
+        return table[offset[:, None] + torch.arange(T, device=offset.device)]
+    return table[offset : offset + T]

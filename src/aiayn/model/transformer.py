@@ -157,16 +157,24 @@ def _self_mask(config: ModelConfig, T: int, offset: int, causal: bool, device: t
     return mask
 
 
-def _decoder_self_mask(config: ModelConfig, tokens: Tensor, cache: KVCache | None) -> tuple[int, Tensor | None]:
-    """The position offset of ``tokens`` ``(B, T)`` and their masked self-attention mask
-    ``(B, 1, T, offset + T)``: causal (and windowed) over the cached and the new positions,
+def _decoder_self_mask(
+    config: ModelConfig, tokens: Tensor, cache: KVCache | None
+) -> tuple[int | Tensor, Tensor | None]:
+    """The position offset of ``tokens`` ``(B, T)`` (one per row ``(B,)`` where the cache's
+    rows are at different steps, ``KVCache.positions``) and their masked self-attention mask
+    ``(B, 1, T, length + T)``: causal (and windowed) over the cached and the new positions,
     and no padded key."""
     T = tokens.size(1)
     key_mask = masks.padding_mask(tokens, config.pad_id)  # (B, 1, 1, T)
     if cache is None:
         return 0, _and(key_mask, _self_mask(config, T, 0, True, tokens.device))
+    key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, length + T)
+    if cache.positions is not None:  # rows at different steps: one token each, positions per row
+        if T > 1 or config.attention_window is not None:
+            raise ValueError("rows at different positions take one token per step and no attention window")
+        offset, cache.positions = cache.positions, cache.positions + T
+        return offset, key_mask
     offset = cache.length
-    key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, offset + T)
     # a single new position may attend to every cached one: no causal mask needed
     return offset, _and(key_mask, _self_mask(config, T, offset, T > 1, tokens.device))
 
