@@ -288,3 +288,34 @@ def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(
     rows.clear()
     assert translate_ids(model, sources, max_tokens=40, max_len_a=6) == alone
     assert steps_refilled < len(rows)  # batch after batch takes more steps for the same sentences
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_beam_search_with_new_sentences_refilling_the_batch_equals_beam_search_alone(monkeypatch, positional):
+    model = _model(seed=1, positional=positional, max_len=64)
+    g = torch.Generator().manual_seed(10)
+    sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (40,), generator=g)]
+    alone = [beam_search(model, torch.tensor([[*ids, EOS]]), beam=3, nbest=2, max_len_a=6)[0] for ids in sources]
+    assert len({len(h[0].tokens) for h in alone}) > 4  # sentences end at many different steps
+    rows = []
+    decode_step = model.decode
+
+    def spy(tgt, *args, cache=None, **kwargs):
+        rows.append(tgt.size(0))
+        return decode_step(tgt, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(model, "decode", spy)
+    steps = {}
+    for refill in (True, False):
+        monkeypatch.setattr(decode, "REFILL", refill)
+        rows.clear()
+        refilled = translate_ids(model, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6)
+        for got, want in zip(refilled, alone, strict=True):
+            assert [h.tokens for h in got] == [h.tokens for h in want]
+            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+            assert [h.log_prob for h in got] == pytest.approx([h.log_prob for h in want], abs=1e-5)
+        steps[refill] = len(rows)
+    assert steps[True] < steps[False]  # refilled: fewer steps for the same sentences
+    monkeypatch.setattr(decode, "REFILL", True)
+    best = translate_ids(model, sources, beam=3, max_tokens=60, max_len_a=6)  # nbest 1: the best tokens
+    assert best == [h[0].tokens for h in alone]

@@ -60,8 +60,8 @@ class Hypothesis:
 # took 88 gathers, 0.19 s of ~2.1 s; at a quarter, 49 gathers (0.09 s) for 5% more rows decoded
 # (docs/benchmarks.md).
 COMPACT_FRACTION = 4
-# translate_ids decodes greedily with new sentences taking the places of those that end
-# (_greedy_refilled) rather than batch after batch; False: batch after batch.
+# translate_ids decodes with new sentences taking the places of those that end
+# (_greedy_refilled, _beam_refilled) rather than batch after batch; False: batch after batch.
 REFILL = True
 
 
@@ -296,7 +296,7 @@ def beam_search(
 
 
 def _refills(model: Transformer, no_repeat_ngram_size: int) -> bool:
-    """Whether ``translate_ids`` decodes greedily with ``_greedy_refilled``: ``REFILL`` on, an
+    """Whether ``translate_ids`` refills its batches (``_greedy_refilled``, ``_beam_refilled``): ``REFILL`` on, an
     encoder-decoder in eval mode without an attention window, and no n-gram rule (its history
     would need rows of different lengths)."""
     return (
@@ -338,22 +338,13 @@ def _greedy_refilled(
         n_ended = int(ended.sum())
         if pending and 2 * (sentence.numel() - n_ended) <= joined:  # take in the next batch
             batch = pending.pop(0)
-            src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
-            enc = model.encode(src)
-            new = model.init_cache(enc.memory, enc.mask)
-            new_limit = _limits(model, src, max_len_a, None)
-            if cache is None:
-                cache = new.reserve(int(new_limit.max()))
-            else:
-                cache.add_rows(new)
-            B, W = len(batch), max(out.size(1), int(new_limit.max()))
+            cache, new_limit = _take_in(model, sources, batch, cache, 1, max_len_a)
+            B = len(batch)
             sentence = torch.cat([sentence, torch.tensor(batch, device=device)])
             limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(B)])
             last = torch.cat([last, last.new_full((B,), config.bos_id)])
             ended = torch.cat([ended, ended.new_zeros(B)])
-            out = torch.cat(
-                [F.pad(out, (0, W - out.size(1)), value=config.pad_id), out.new_full((B, W), config.pad_id)]
-            )
+            out = _with_rows(out, B, int(limit.max()), config.pad_id)
             joined = B
         logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (R, V)
         logits = _constrain(logits, 1, steps + 1 >= limit, 0, config.pad_id, config.eos_id)  # no min_len
@@ -379,6 +370,109 @@ def _greedy_refilled(
                 cache.reorder(keep)
                 cache.drop_leading()
             sentence, limit, steps, last, ended, out = (t[keep] for t in (sentence, limit, steps, last, ended, out))
+
+
+def _take_in(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    batch: Sequence[int],
+    cache: KVCache | None,
+    K: int,
+    max_len_a: int,
+) -> tuple[KVCache, Tensor]:
+    """Encode the sentences ``batch`` (indices into ``sources``) and add K rows each (beams) to
+    ``cache``, or start one; return the cache and their output limits ``(len(batch),)``."""
+    config = model.config
+    src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, next(model.parameters()).device)
+    enc = model.encode(src)
+    new = model.init_cache(enc.memory, enc.mask).expand(K)
+    limit = _limits(model, src, max_len_a, None)
+    return (new.reserve(int(limit.max())) if cache is None else cache.add_rows(new)), limit
+
+
+def _with_rows(out: Tensor, rows: int, width: int, pad_id: int) -> Tensor:
+    """``out`` ``(R, W)`` with ``rows`` more rows and at least ``width`` columns, all new entries ``pad_id``."""
+    out = F.pad(out, (0, max(width - out.size(1), 0)), value=pad_id)
+    return torch.cat([out, out.new_full((rows, out.size(1)), pad_id)])
+
+
+@torch.no_grad()
+def _beam_refilled(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    batches: Sequence[Sequence[int]],
+    beam: int,
+    alpha: float,
+    nbest: int,
+    max_len_a: int,
+):
+    """Beam search (as ``beam_search``) over many batches, taking in the next batch's sentences
+    as soon as half of the sentences decoding have ended (see ``_greedy_refilled``). Yields
+    ``(index, hypotheses)``, the ``nbest`` best first, as sentences end; each sentence's are
+    those ``beam_search`` gives it alone (tested)."""
+    config = model.config
+    device = next(model.parameters()).device
+    K = beam
+    pending = list(batches)
+    cache: KVCache | None = None
+    active = torch.zeros(0, dtype=torch.long, device=device)  # (n,) index into sources of each sentence
+    limit = torch.zeros(0, dtype=torch.long, device=device)  # (n,) output limit
+    steps = torch.zeros(0, dtype=torch.long, device=device)  # (n,) tokens produced by each beam so far
+    scores = torch.zeros(0, K, device=device)  # (n, K) log P of each live beam
+    last = torch.zeros(0, dtype=torch.long, device=device)  # (n K,) the next step's input
+    out = torch.zeros(0, 0, dtype=torch.long, device=device)  # (n K, W) each beam's tokens so far
+    finished: dict[int, list[Hypothesis]] = {}
+    joined = 0  # sentences of the last batch taken in
+    while True:
+        if pending and 2 * active.numel() <= joined:  # take in the next batch
+            batch = pending.pop(0)
+            cache, new_limit = _take_in(model, sources, batch, cache, K, max_len_a)
+            n2 = len(batch)
+            active = torch.cat([active, torch.tensor(batch, device=device)])
+            limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(n2)])
+            fresh = scores.new_full((n2, K), -torch.inf)
+            fresh[:, 0] = 0.0  # every beam is the same empty prefix: expand only one
+            scores, last = torch.cat([scores, fresh]), torch.cat([last, last.new_full((n2 * K,), config.bos_id)])
+            out = _with_rows(out, n2 * K, int(limit.max()), config.pad_id)
+            finished.update((i, []) for i in batch)
+            joined = n2
+        n, t = active.numel(), steps + 1  # t: each sentence's output length after this step
+        logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (n K, V)
+        logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0,
+                          config.pad_id, config.eos_id)  # fmt: skip
+        V = logp.size(-1)
+        candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
+        top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
+        parent, token = index // V, index % V
+        is_eos = token == config.eos_id
+        eos_rank = (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist()
+        if eos_rank:
+            rows = torch.tensor([i * K + int(parent[i, r]) for i, r in eos_rank], device=device)
+            for (i, r), tokens in zip(eos_rank, out[rows].tolist(), strict=True):
+                hyps = finished[int(active[i])]
+                if len(hyps) < K:
+                    length, log_prob = int(t[i]), float(top[i, r])
+                    hyps.append(Hypothesis(tokens[: length - 1], log_prob / length_penalty(length, alpha), log_prob))
+        keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
+        scores = top.gather(1, keep_rank)
+        parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)
+        done = torch.tensor([len(finished[int(b)]) >= K for b in active], device=device) | (limit <= t)
+        for b in active[done].tolist():
+            hyps = sorted(finished.pop(b), key=lambda h: h.score, reverse=True)
+            yield b, hyps[:nbest]
+        going = (~done).nonzero().squeeze(1)  # (n',)
+        if going.numel() == 0:
+            if not pending:
+                return
+            cache, joined = None, 0
+        rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
+        out = out[rows]
+        out[torch.arange(rows.numel(), device=device), steps[going].repeat_interleave(K)] = token[going].view(-1)
+        last = token[going].view(-1)
+        active, limit, steps, scores = active[going], limit[going], t[going], scores[going]
+        if cache is not None:
+            cache.reorder(rows, cross=bool(done.any()))
+            cache.drop_leading()
 
 
 def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, device: torch.device) -> Tensor:
@@ -407,8 +501,11 @@ def translate_ids(
     ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
+    Once half of a batch's sentences have ended, the next batch's join the decoding (``REFILL``;
+    not with ``no_repeat_ngram_size`` or an attention window, which go batch by batch): the
+    results are those of decoding each sentence alone either way.
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
-    (by the sentences of each batch) and left open. ``no_repeat_ngram_size``: as for
+    (by the sentences that end) and left open. ``no_repeat_ngram_size``: as for
     ``greedy_decode``.
     """
     from .data.batching import TokenBatcher
@@ -430,9 +527,13 @@ def translate_ids(
         from .progress import progress_bar
 
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
-    if beam == 1 and nbest == 1 and _refills(model, no_repeat_ngram_size):
-        for i, ids in _greedy_refilled(model, sources, batches, max_len_a):
-            results[i] = ids
+    if _refills(model, no_repeat_ngram_size):
+        if beam == 1 and nbest == 1:
+            finished = _greedy_refilled(model, sources, batches, max_len_a)
+        else:
+            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a)
+        for i, result in finished:
+            results[i] = result if beam == 1 or nbest > 1 else result[0].tokens
             if bar is not None:
                 bar.update(1)
         batches = []

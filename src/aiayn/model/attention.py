@@ -245,23 +245,24 @@ class KVCache:
             self.positions = self.positions.index_select(0, indices)
 
     def add_rows(self, other: KVCache) -> KVCache:
-        """Append the rows of ``other``, a fresh cache of new sources (``init_cache``: no step
-        taken yet), after this one's, both with one row per sentence: decoding goes on for the
+        """Append the rows of ``other``, a fresh cache of new sources (``init_cache``, then
+        ``expand`` like this one: no step taken yet), after this one's: decoding goes on for the
         rows this cache has while the new ones start at position 0, with the positions cached
         so far masked for them. The encoder-decoder K/V and memory masks are padded to the
         longer source."""
-        if other.length or self.group != 1 or other.group != 1 or not self.cross_attn or not other.cross_attn:
-            raise ValueError("add_rows joins encoder-decoder caches of one row per sentence, the other one fresh")
-        first, new = self.cross_attn[0], other.cross_attn[0]
-        B, B2, L, S, S2 = first.rows, new.rows, self.length, first.length, new.length
+        if other.length or self.group != other.group or not self.cross_attn or not other.cross_attn:
+            raise ValueError("add_rows joins encoder-decoder caches of the same group, the other one fresh")
+        first, new, G = self.cross_attn[0], other.cross_attn[0], self.group
+        n, n2, L, S, S2 = first.rows, new.rows, self.length, first.length, new.length
+        B, B2 = n * G, n2 * G  # decoder rows: G beams per sentence
         device = first.k.device
-        for layer_cache, joining in zip(
-            self.self_attn + self.cross_attn, other.self_attn + other.cross_attn, strict=True
-        ):
+        for layer_cache, joining in zip(self.self_attn, other.self_attn, strict=True):
             layer_cache.add_rows(joining, B2)
-        mask = torch.zeros(B + B2, 1, 1, max(S, S2), dtype=torch.bool, device=device)
-        mask[:B, ..., :S] = True if self.memory_mask is None else self.memory_mask
-        mask[B:, ..., :S2] = True if other.memory_mask is None else other.memory_mask
+        for layer_cache, joining in zip(self.cross_attn, other.cross_attn, strict=True):
+            layer_cache.add_rows(joining, n2)
+        mask = torch.zeros(n + n2, 1, 1, max(S, S2), dtype=torch.bool, device=device)  # one row per sentence
+        mask[:n, ..., :S] = True if self.memory_mask is None else self.memory_mask
+        mask[n:, ..., :S2] = True if other.memory_mask is None else other.memory_mask
         self.memory_mask = mask
         if L:
             earlier = (
