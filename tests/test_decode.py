@@ -319,3 +319,47 @@ def test_beam_search_with_new_sentences_refilling_the_batch_equals_beam_search_a
     monkeypatch.setattr(decode, "REFILL", True)
     best = translate_ids(model, sources, beam=3, max_tokens=60, max_len_a=6)  # nbest 1: the best tokens
     assert best == [h[0].tokens for h in alone]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_long_sentence_waits_until_the_short_ones_have_ended(monkeypatch, beam):
+    """Refilling pads every row's source K/V to the longest source: a long sentence must not
+    join many short ones (its batch waits: ``_fits``), and the output stays that of each
+    sentence alone."""
+    model = _model(max_len=128)
+    g = torch.Generator().manual_seed(11)
+    sources = [torch.randint(5, 16, (n,), generator=g).tolist() for n in (3, 7, 5, 9, 2, 6, 4, 8, 3, 5)]
+    sources.append(torch.randint(5, 16, (50,), generator=g).tolist())
+    sizes = []
+    decode_step = model.decode
+
+    def spy(tgt, *args, cache=None, **kwargs):
+        sizes.append(cache.cross_attn[0].k.size(0) * cache.cross_attn[0].k.size(2))  # sentences x source positions
+        return decode_step(tgt, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(model, "decode", spy)
+    batches, budget = [list(range(10)), [10]], 60  # the short ones' batch, then the long one's
+    if beam == 1:
+        got = dict(decode._greedy_refilled(model, sources, batches, 10, budget))
+        want = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
+    else:
+        got = {
+            i: [h.tokens for h in hyps]
+            for i, hyps in decode._beam_refilled(model, sources, batches, 3, 0.6, 2, 10, budget)
+        }
+        want = [
+            [h.tokens for h in beam_search(model, torch.tensor([[*s, EOS]]), beam=3, nbest=2, max_len_a=10)[0]]
+            for s in sources
+        ]
+    assert max(sizes) <= 2 * budget  # without the rule: 255 greedy
+    assert [got[i] for i in range(len(sources))] == want
+
+
+def test_ended_rows_waiting_to_leave_stay_within_learned_positions():
+    """Ended greedy rows stay until a quarter of the rows have ended; while new sentences keep
+    the decoding going they must not walk past the learned positional table (max_len 20)."""
+    model = _model(seed=1, positional="learned", max_len=20)
+    g = torch.Generator().manual_seed(3)
+    sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 18, (120,), generator=g)]
+    alone = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
+    assert translate_ids(model, sources, max_tokens=60, max_len_a=10) == alone

@@ -310,18 +310,25 @@ def _refills(model: Transformer, no_repeat_ngram_size: int) -> bool:
 
 @torch.no_grad()
 def _greedy_refilled(
-    model: Transformer, sources: Sequence[Sequence[int]], batches: Sequence[Sequence[int]], max_len_a: int
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    batches: Sequence[Sequence[int]],
+    max_len_a: int,
+    budget: int,
 ):
     """Greedy search (as ``greedy_decode``) over many batches, taking in the next batch's
-    sentences as soon as half of the rows decoding have ended. Yields ``(index, tokens)``
+    sentences as soon as half of the rows decoding have ended, if their sources fit
+    (``_fits``). Yields ``(index, tokens)``
     (EOS cut off) as sentences end.
 
     Not in the paper. Batch by batch, a batch runs until its last sentence ends, at most its
     source length + 50 steps, and its last steps decode a few rows at the cost of a full step's
     fixed work (~3 ms for run M's model: on the Ding test split, 169 of 262 greedy steps had 15
     rows or fewer). Here new sentences join the cache (``KVCache.add_rows``) at position 0 while
-    the others go on, so steps stay full. Each sentence's output is what ``greedy_decode``
-    gives it alone (tested).
+    the others go on, so steps stay full. With float weights each sentence's output is what
+    ``greedy_decode`` gives it alone (tested on the CPU, where masked keys add exact zeros; a
+    GPU's attention kernels may round differently). int8 (dynamic quantization, activations
+    scaled by the whole batch's range) changes with its batch either way.
     """
     config = model.config
     device = next(model.parameters()).device
@@ -336,7 +343,11 @@ def _greedy_refilled(
     joined = 0  # rows of the last batch taken in
     while True:
         n_ended = int(ended.sum())
-        if pending and 2 * (sentence.numel() - n_ended) <= joined:  # take in the next batch
+        if (
+            pending
+            and 2 * (sentence.numel() - n_ended) <= joined
+            and _fits(cache, sentence.numel(), pending[0], sources, budget)
+        ):
             batch = pending.pop(0)
             cache, new_limit = _take_in(model, sources, batch, cache, 1, max_len_a)
             B = len(batch)
@@ -372,6 +383,18 @@ def _greedy_refilled(
             sentence, limit, steps, last, ended, out = (t[keep] for t in (sentence, limit, steps, last, ended, out))
 
 
+def _fits(
+    cache: KVCache | None, sentences: int, batch: Sequence[int], sources: Sequence[Sequence[int]], budget: int
+) -> bool:
+    """Whether ``batch`` may join a cache of ``sentences`` sentences: the source positions the
+    encoder-decoder K/V then hold, padded to the longest source, stay within twice a batch's
+    ``budget`` (a long sentence joining many short ones waits until they have ended)."""
+    if cache is None:
+        return True
+    longest = max(len(sources[i]) for i in batch) + 1  # EOS included
+    return (sentences + len(batch)) * max(cache.cross_attn[0].length, longest) <= 2 * budget
+
+
 def _take_in(
     model: Transformer,
     sources: Sequence[Sequence[int]],
@@ -405,11 +428,13 @@ def _beam_refilled(
     alpha: float,
     nbest: int,
     max_len_a: int,
+    budget: int,
 ):
     """Beam search (as ``beam_search``) over many batches, taking in the next batch's sentences
-    as soon as half of the sentences decoding have ended (see ``_greedy_refilled``). Yields
-    ``(index, hypotheses)``, the ``nbest`` best first, as sentences end; each sentence's are
-    those ``beam_search`` gives it alone (tested)."""
+    as soon as half of the sentences decoding have ended, if their sources fit (``_fits``; see
+    ``_greedy_refilled``). Yields
+    ``(index, hypotheses)``, the ``nbest`` best first, as sentences end; with float weights each
+    sentence's are those ``beam_search`` gives it alone (tested on the CPU)."""
     config = model.config
     device = next(model.parameters()).device
     K = beam
@@ -424,7 +449,7 @@ def _beam_refilled(
     finished: dict[int, list[Hypothesis]] = {}
     joined = 0  # sentences of the last batch taken in
     while True:
-        if pending and 2 * active.numel() <= joined:  # take in the next batch
+        if pending and 2 * active.numel() <= joined and _fits(cache, active.numel(), pending[0], sources, budget):
             batch = pending.pop(0)
             cache, new_limit = _take_in(model, sources, batch, cache, K, max_len_a)
             n2 = len(batch)
@@ -502,8 +527,10 @@ def translate_ids(
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
     Once half of a batch's sentences have ended, the next batch's join the decoding (``REFILL``;
-    not with ``no_repeat_ngram_size`` or an attention window, which go batch by batch): the
-    results are those of decoding each sentence alone either way.
+    not with ``no_repeat_ngram_size`` or an attention window, which go batch by batch), as long
+    as the sentences decoding together hold at most twice ``max_tokens`` source positions,
+    padded to the longest; with float weights the results are those of decoding each sentence
+    alone either way.
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
     (by the sentences that end) and left open. ``no_repeat_ngram_size``: as for
     ``greedy_decode``.
@@ -520,7 +547,8 @@ def translate_ids(
     device = next(model.parameters()).device
     lengths = [(len(s) + 1, 0) for s in sources]  # source positions, EOS included
     # a sentence longer than a batch gets a batch of its own
-    batches = TokenBatcher(lengths, max(max_tokens // beam, max(n for n, _ in lengths)), shuffle=False).batches
+    budget = max(max_tokens // beam, max(n for n, _ in lengths))  # source positions a batch may hold
+    batches = TokenBatcher(lengths, budget, shuffle=False).batches
     results: list = [None] * len(sources)
     bar = None if isinstance(progress, bool) else progress
     if progress is True:
@@ -529,9 +557,9 @@ def translate_ids(
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
     if _refills(model, no_repeat_ngram_size):
         if beam == 1 and nbest == 1:
-            finished = _greedy_refilled(model, sources, batches, max_len_a)
+            finished = _greedy_refilled(model, sources, batches, max_len_a, budget)
         else:
-            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a)
+            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a, budget)
         for i, result in finished:
             results[i] = result if beam == 1 or nbest > 1 else result[0].tokens
             if bar is not None:

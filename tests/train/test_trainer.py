@@ -87,6 +87,15 @@ def test_train_writes_model_checkpoints_and_metrics(tmp_path, corpus):
     assert not list((out / "checkpoints").glob(".*.tmp"))
 
 
+def test_dev_size_zero_skips_the_dev_bleu_but_not_the_dev_loss(tmp_path, corpus):
+    run = RunConfig.from_yaml(
+        write_config(tmp_path, corpus, max_steps=3, eval_every=3), parse_overrides(["--data.dev_size", "0"])
+    )
+    train(run, tmp_path / "run", progress=False, log=lambda _: None)
+    final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["kind"] == "final" and "dev_loss" in final and "dev_bleu" not in final
+
+
 def test_training_reduces_dev_loss(tmp_path, corpus):
     run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=80, eval_every=20, lr_scale=0.15))
     train(run, tmp_path / "run", progress=False, log=lambda _: None)

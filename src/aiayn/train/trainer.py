@@ -353,13 +353,13 @@ def train(
         sources = [s for s, _ in dev_raw][: run.data.dev_size]
         references = [t for _, t in dev_raw][: run.data.dev_size]
         model.eval()
-        hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
-        dev_scores = score_translations(hypotheses, references)
-        metrics.log(
-            {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl,
-             "dev_bleu": dev_scores.bleu, "dev_chrf": dev_scores.chrf}
-        )  # fmt: skip
-        say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}, {dev_scores}")
+        final_metrics = {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl}
+        if sources:  # data.dev_size 0: no translations to score
+            hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
+            dev_scores = score_translations(hypotheses, references)
+            final_metrics.update(dev_bleu=dev_scores.bleu, dev_chrf=dev_scores.chrf)
+        metrics.log(final_metrics)
+        say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}" + (f", {dev_scores}" if dev_scores else ""))
     say(f"model saved to {model_dir} (last checkpoint {final})")
     teardown_distributed(d)
     return TrainResult(
