@@ -55,7 +55,7 @@ def test_greedy_with_cache_equals_recomputation():
     assert torch.equal(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
 
 
-@pytest.mark.parametrize("fraction", [1, 2, 10**9])  # never, at half the rows, at every sentence's end
+@pytest.mark.parametrize("fraction", [1, 2, 4])  # never, at half the rows, at a quarter (the default)
 def test_greedy_output_does_not_depend_on_when_finished_rows_leave_the_batch(monkeypatch, fraction):
     """Finished rows stay in the batch until a fraction of it has ended (``COMPACT_FRACTION``);
     the output, pads after EOS included, must not change, with or without the cache."""

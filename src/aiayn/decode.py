@@ -318,8 +318,7 @@ def _greedy_refilled(
 ):
     """Greedy search (as ``greedy_decode``) over many batches, taking in the next batch's
     sentences as soon as half of the rows decoding have ended, if their sources fit
-    (``_fits``). Yields ``(index, tokens)``
-    (EOS cut off) as sentences end.
+    (``_fits``). Yields ``(index, tokens)`` (EOS cut off) as sentences end.
 
     Not in the paper. Batch by batch, a batch runs until its last sentence ends, at most its
     source length + 50 steps, and its last steps decode a few rows at the cost of a full step's

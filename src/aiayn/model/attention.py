@@ -193,7 +193,7 @@ class KVCache:
         ``group``: how many consecutive decoder rows share one row of the encoder-decoder K/V
         and memory mask (the beams of one sentence: ``expand(K)``); 1 otherwise.
         ``positions``: None while every row's next token is at position ``length``; with rows
-        that joined later (``add_rows``: greedy search taking in new sentences as others end)
+        that joined later (``add_rows``: translation taking in new sentences as others end)
         the position of each row's next token ``(B,)``, its earlier cached positions masked.
 
     It is passed to ``decode`` and returned by it; modules never keep it. ``reorder(indices)``
