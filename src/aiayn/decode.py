@@ -280,7 +280,7 @@ def beam_search(
         keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
         scores = top.gather(1, keep_rank)  # (n, K)
         parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)  # (n, K)
-        done = torch.tensor([len(finished[int(b)]) >= K for b in active], device=device) | (limit[active] <= t)
+        done = torch.tensor([len(finished[b]) >= K for b in active.tolist()], device=device) | (limit[active] <= t)
         if done.all():
             break
         going = (~done).nonzero().squeeze(1)  # (n',)
@@ -431,9 +431,9 @@ def _beam_refilled(
 ):
     """Beam search (as ``beam_search``) over many batches, taking in the next batch's sentences
     as soon as half of the sentences decoding have ended, if their sources fit (``_fits``; see
-    ``_greedy_refilled``). Yields
-    ``(index, hypotheses)``, the ``nbest`` best first, as sentences end; with float weights each
-    sentence's are those ``beam_search`` gives it alone (tested on the CPU)."""
+    ``_greedy_refilled``). Yields ``(index, hypotheses)``, the ``nbest`` best first, as
+    sentences end; with float weights each sentence's are those ``beam_search`` gives it alone
+    (tested on the CPU)."""
     config = model.config
     device = next(model.parameters()).device
     K = beam
@@ -480,7 +480,7 @@ def _beam_refilled(
         keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
         scores = top.gather(1, keep_rank)
         parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)
-        done = torch.tensor([len(finished[int(b)]) >= K for b in active], device=device) | (limit <= t)
+        done = torch.tensor([len(finished[b]) >= K for b in active.tolist()], device=device) | (limit <= t)
         for b in active[done].tolist():
             hyps = sorted(finished.pop(b), key=lambda h: h.score, reverse=True)
             yield b, hyps[:nbest]
