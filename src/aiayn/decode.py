@@ -340,8 +340,8 @@ def _greedy_refilled(
     ended = torch.zeros(0, dtype=torch.bool, device=device)  # (R,) rows that have produced EOS
     out = torch.zeros(0, 0, dtype=torch.long, device=device)  # (R, W) the tokens produced so far
     joined = 0  # rows of the last batch taken in
+    n_ended = 0  # rows of the cache that have ended (counted at the end of each step)
     while True:
-        n_ended = int(ended.sum())
         if (
             pending
             and 2 * (sentence.numel() - n_ended) <= joined
@@ -380,6 +380,7 @@ def _greedy_refilled(
                 cache.reorder(keep)
                 cache.drop_leading()
             sentence, limit, steps, last, ended, out = (t[keep] for t in (sentence, limit, steps, last, ended, out))
+            n_ended = 0
 
 
 def _fits(
@@ -563,22 +564,22 @@ def translate_ids(
             results[i] = result if beam == 1 or nbest > 1 else result[0].tokens
             if bar is not None:
                 bar.update(1)
-        batches = []
-    for batch in batches:
-        src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
-        if beam == 1 and nbest == 1:
-            out = greedy_decode(model, src, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size).tolist()
-            for row, i in enumerate(batch):
-                ids = out[row]
-                results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
-        else:
-            hyps = beam_search(
-                model, src, beam, alpha, nbest, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size
-            )
-            for row, i in enumerate(batch):
-                results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
-        if bar is not None:
-            bar.update(len(batch))
+    else:
+        for batch in batches:
+            src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
+            if beam == 1 and nbest == 1:
+                out = greedy_decode(model, src, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size).tolist()
+                for row, i in enumerate(batch):
+                    ids = out[row]
+                    results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
+            else:
+                hyps = beam_search(
+                    model, src, beam, alpha, nbest, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size
+                )
+                for row, i in enumerate(batch):
+                    results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
+            if bar is not None:
+                bar.update(len(batch))
     if progress is True:
         bar.close()
     return results
