@@ -247,6 +247,23 @@ def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(mon
     assert "building" not in caplog.text
 
 
+def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_path(monkeypatch, tmp_path):
+    """A system ninja first on PATH (outside the venv) and the pip package's (inside it) hash the
+    build's commands differently: each took the other's build for stale. The build always runs the
+    package's, and the PATH is as it was afterwards."""
+    pytest.importorskip("ninja")
+    ran = tmp_path / "ran"
+    other = tmp_path / "ninja"
+    other.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    other.chmod(0o755)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PATH", "")])
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    assert cpu_kernels.available()  # the cached build, checked and loaded by the package's ninja
+    assert not ran.exists()
+    assert os.environ["PATH"] == path
+
+
 # Greedy search's argmax ---------------------------------------------------------------------------
 
 

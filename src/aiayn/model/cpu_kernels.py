@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import threading
 import warnings
@@ -80,11 +79,15 @@ def _build() -> bool:
     if not _built(cpp_extension, name):
         log.info("building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
     cflags, ldflags = _flags()
-    if shutil.which("ninja") is None:  # torch runs `ninja` from PATH: the pip package's, outside a venv's PATH
-        with contextlib.suppress(ImportError, AttributeError):
-            import ninja
+    path = os.environ.get("PATH")
+    with contextlib.suppress(ImportError, AttributeError):
+        import ninja
 
-            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+        # torch runs the first `ninja` on PATH; make it the pip package's (a dependency) wherever it
+        # is installed. Ninja versions hash a build's commands differently (1.13 changed the hash),
+        # so a system ninja found outside the venv and the package's found inside it each took the
+        # other's build for stale and rebuilt it, ~15 s each time the PATH changed.
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
     try:
         cpp_extension.load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
@@ -95,6 +98,11 @@ def _build() -> bool:
             stacklevel=4,
         )
         return False
+    finally:
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
