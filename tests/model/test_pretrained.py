@@ -186,6 +186,9 @@ def test_weights_that_do_not_match_the_config_name_both_files(saved):
         Transformer.from_pretrained(saved)
 
 
-def test_missing_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match=in_message(tmp_path / "nowhere")):
-        Transformer.from_pretrained(tmp_path / "nowhere")
+@pytest.mark.parametrize("load", [Transformer.from_pretrained, aiayn.load_pretrained])
+def test_missing_directory_or_a_file_for_one(saved, load, tmp_path):
+    with pytest.raises(FileNotFoundError, match=in_message(tmp_path / "nowhere") + ": not a model directory"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=in_message(saved / WEIGHTS_NAME) + ": not a model directory$"):
+        load(saved / WEIGHTS_NAME)  # (once named its config inside a file: "Not a directory")

@@ -27,6 +27,8 @@ ARCHITECTURES = {cls.__name__: cls for cls in (Transformer, DecoderOnly, Encoder
 
 def load_pretrained(directory: str | Path, device: str = "cpu") -> Transformer | DecoderOnly | EncoderOnly:
     """Load any aiayn model saved by ``save_pretrained``, whatever its architecture."""
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"{directory}: not a model directory")
     _, metadata = ModelConfig.load(Path(directory) / CONFIG_NAME)
     name = metadata.get("architecture")
     if name not in ARCHITECTURES:
