@@ -264,6 +264,21 @@ def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_pat
     assert os.environ["PATH"] == path
 
 
+def test_without_a_binary_of_the_packages_own_the_build_keeps_the_path(monkeypatch):
+    """The package sets BIN_DIR to "" when it has no ninja binary: then the PATH stays as it is
+    (an empty entry would put the working directory on it)."""
+    ninja = pytest.importorskip("ninja")
+    from torch.utils import cpp_extension
+
+    seen = []
+    monkeypatch.setattr(ninja, "BIN_DIR", "")
+    monkeypatch.setattr(cpp_extension, "load", lambda *args, **kwargs: seen.append(os.environ["PATH"]))
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert cpu_kernels.available()
+    assert seen == ["/usr/bin"]
+
+
 # Greedy search's argmax ---------------------------------------------------------------------------
 
 

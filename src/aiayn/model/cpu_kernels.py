@@ -87,7 +87,8 @@ def _build() -> bool:
         # is installed. Ninja versions hash a build's commands differently (1.13 changed the hash),
         # so a system ninja found outside the venv and the package's found inside it each took the
         # other's build for stale and rebuilt it, ~15 s each time the PATH changed.
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
+        if ninja.BIN_DIR:  # "" where the package found no ninja binary of its own
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
     try:
         cpp_extension.load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
