@@ -28,7 +28,7 @@ ding:
 data/ding/train.de: | install ding
 	$(AIAYN) data ding --out data/ding
 
-# The main job: a German->English translator trained from scratch on this CPU (about 20 minutes).
+# The main job: a German->English translator trained from scratch on this CPU (about 17 minutes).
 demo: install ding data/ding/train.de
 	rm -rf runs/ding  # the demo always trains from scratch
 	$(AIAYN) train --config configs/ding.yaml --out runs/ding
