@@ -1,7 +1,8 @@
 """The CPU decoding kernels (model/cpu_kernels.py): attention against the formula written out by
 hand and against torch's fused kernel, the argmax against a plain scan, and end to end: decoding
 gives the same tokens with them and without them. Where no C++ compiler is installed the kernels
-cannot be built and these tests skip; where one is (CI), a failed build fails them."""
+cannot be built and these tests skip (as with AIAYN_CPU_KERNELS=0, which turns them off); where
+one is (CI), a failed build fails them."""
 
 import math
 import os
@@ -17,9 +18,12 @@ from aiayn.model import cpu_kernels
 from aiayn.model.attention import scaled_dot_product_attention
 from aiayn.quantize import quantize_int8
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build the kernel"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build the kernel"
+    ),
+    pytest.mark.skipif(os.environ.get("AIAYN_CPU_KERNELS") == "0", reason="AIAYN_CPU_KERNELS=0 turns the kernels off"),
+]
 
 
 def by_hand(q, k, v, mask):
