@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 AIAYN := $(VENV)/bin/aiayn
 TORCH_VERSION ?= 2.13.0
+# PyTorch's CPU wheels (~200 MB; PyPI's Linux wheel pulls the CUDA libraries, gigabytes), used where
+# the index answers within 5 s; `make TORCH_INDEX=` takes pip's own sources only
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 DING := /usr/share/trans/de-en
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
@@ -11,10 +14,15 @@ export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
 install: $(VENV)/.installed
 
-# torch first, pinned, so that pip never resolves a newer (CUDA) build; then the project.
+# torch first, pinned, so that pip never resolves a newer one, and its CPU build where PyTorch's
+# index can be reached; then the project.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	if [ -n "$(TORCH_INDEX)" ] && $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; then \
+		$(PY) -m pip install --quiet --extra-index-url "$(TORCH_INDEX)" "torch==$(TORCH_VERSION)"; \
+	else \
+		$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; \
+	fi
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
