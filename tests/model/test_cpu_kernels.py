@@ -245,6 +245,9 @@ def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(mon
     name = f"aiayn_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}"
     assert cpu_kernels._built(cpp_extension, name)
     assert not cpu_kernels._built(cpp_extension, name + "_never_built")
+    monkeypatch.setattr(torch, "__version__", "0.0.1")  # a build by another torch: ninja redoes it
+    assert not cpu_kernels._built(cpp_extension, name)
+    monkeypatch.undo()
     monkeypatch.setattr(cpu_kernels, "_state", {})
     with caplog.at_level("INFO", logger="aiayn"):
         assert cpu_kernels.available()  # loads the cached build again

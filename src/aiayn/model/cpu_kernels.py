@@ -104,6 +104,8 @@ def _build() -> bool:
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = path
+    with contextlib.suppress(AttributeError, OSError):  # which torch built it: _built compares
+        _library(cpp_extension, name).with_suffix(".torch").write_text(torch.__version__)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
@@ -111,11 +113,18 @@ def _build() -> bool:
     return True
 
 
+def _library(cpp_extension, name: str) -> Path:
+    return Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+
+
 def _built(cpp_extension, name: str) -> bool:
-    """Whether a build of this source is already cached (then loading it takes ~0.2 s)."""
+    """Whether a build of this source by this torch is already cached (then loading it takes
+    ~0.2 s). torch's build directory does not depend on torch's version: after an upgrade ninja
+    rebuilds there (torch's headers changed), so a build by another torch does not count."""
     try:
-        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
-        return library.stat().st_mtime >= SOURCE.stat().st_mtime
+        library = _library(cpp_extension, name)
+        fresh = library.stat().st_mtime >= SOURCE.stat().st_mtime
+        return fresh and library.with_suffix(".torch").read_text() == torch.__version__
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
 
