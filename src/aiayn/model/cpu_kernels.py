@@ -84,9 +84,9 @@ def _build() -> bool:
         import ninja
 
         # torch runs the first `ninja` on PATH; make it the pip package's (a dependency) wherever it
-        # is installed. Ninja versions hash a build's commands differently (1.13 changed the hash),
-        # so a system ninja found outside the venv and the package's found inside it each took the
-        # other's build for stale and rebuilt it, ~15 s each time the PATH changed.
+        # is installed. Ninja versions hash a build's commands differently (Debian's 1.11 and the
+        # package's 1.13 did), so a system ninja found outside the venv and the package's found
+        # inside it each took the other's build for stale and rebuilt it, ~15 s each time.
         if ninja.BIN_DIR:  # "" where the package found no ninja binary of its own
             os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
     try:
