@@ -376,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--nbest",
         type=_positive_int,
         default=1,
-        help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1)",
+        help="print the N best as 'INDEX<TAB>SCORE<TAB>TRANSLATION' (default 1); an empty input line gives "
+        "one row, 'INDEX<TAB>0.0000<TAB>'",
     )
     translate.add_argument(
         "--buffer-size",
