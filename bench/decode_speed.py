@@ -12,7 +12,9 @@ Work is equal: random weights (d_model 512, d_ff 2048, h 8, 6 + 6 layers, vocabu
 shared and tied), the same 64 random source sentences of 20-30 tokens, and every output forced to
 exactly ``--length`` tokens (EOS blocked before, as ``min_new_tokens`` does for Marian). Times are
 the median of ``--repeats`` runs; in (ii) the runs of Marian, aiayn fp32 and aiayn int8 alternate
-(greedy, then beam 4); sentences/s = 64 / time. "Matmul FLOP/s" counts the linear
+(greedy, then beam 4); sentences/s = 64 / time. The speed-up is the ratio of the medians, and
+again round by round (the peer's time over aiayn's in the same round: median and range), which
+shows how much of a ratio is the machine's spread. "Matmul FLOP/s" counts the linear
 layers' multiply-adds (2 per MAC) over the decoder steps and the encoder, against the machine's
 fp32 matmul peak.
 
@@ -86,9 +88,9 @@ def module_path(fn):
     return run
 
 
-def alternating(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each function: one warm-up each, then ``repeats`` rounds that run them in
-    turn (in reverse order every other round)."""
+def alternating(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function in each round: one warm-up each, then ``repeats`` rounds that run
+    them in turn (in reverse order every other round)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -97,7 +99,14 @@ def alternating(fns: dict, repeats: int) -> dict[str, float]:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: median(t) for name, t in times.items()}
+    return times
+
+
+def paired(peer: list[float], ours: list[float]) -> dict:
+    """The speed-up round by round (the peer's time over ours in the same round): its median and
+    range show how far the machine's spread moves the ratio of medians."""
+    ratios = sorted(p / o for p, o in zip(peer, ours, strict=True))
+    return {"median": round(median(ratios), 2), "min": round(ratios[0], 2), "max": round(ratios[-1], 2)}
 
 
 def timed(fn, repeats: int) -> float:
@@ -130,14 +139,21 @@ def main() -> None:
     int8 = quantize_int8(model)
     rows: list[dict] = []
 
-    def row(name: str, seconds: float, beam: int, peer: float | None = None) -> dict:
+    def row(name: str, seconds: float | list[float], beam: int, peer: float | list[float] | None = None) -> dict:
+        runs = seconds if isinstance(seconds, list) else None
+        seconds = median(runs) if runs else seconds
         r = {
             "name": name, "seconds": round(seconds, 3), "sent_per_s": round(SENTENCES / seconds, 1),
             "ms_per_step": round(1000 * seconds / L, 1),
             "matmul_fraction_of_peak": round(matmul_flops(src, L, beam) / seconds / peak, 3),
         }  # fmt: skip
+        if runs:
+            r["runs"] = [round(t, 3) for t in runs]
         if peer is not None:
-            r["vs_peer"] = round(peer / seconds, 2)
+            r["vs_peer"] = round((median(peer) if isinstance(peer, list) else peer) / seconds, 2)
+        if runs and isinstance(peer, list):
+            r["vs_peer_by_round"] = paired(peer, runs)
+            r["by_round"] = "{median} ({min}-{max})".format(**r["vs_peer_by_round"])
         rows.append(r)
         print(table([r], COLUMNS).splitlines()[-1], flush=True)
         return r
@@ -173,7 +189,7 @@ def main() -> None:
         runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
         names = (f"Marian {kind}", kind, f"module {kind}", f"int8 {kind}")
-        seconds = alternating({k: runs[k] for k in names if k in runs}, args.repeats)
+        seconds = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # name -> each round's time
         peer = seconds.get(f"Marian {kind}")
         if peer is not None:
             row(f"Marian generate {title} (fp32)", peer, beam)
@@ -193,6 +209,7 @@ def main() -> None:
 COLUMNS = [
     ("name", "decoding (64 sentences)"), ("seconds", "seconds"), ("sent_per_s", "sentences/s"),
     ("ms_per_step", "ms/step"), ("matmul_fraction_of_peak", "matmul / peak"), ("vs_peer", "speed-up vs peer"),
+    ("by_round", "by round: median (range)"),
 ]  # fmt: skip
 
 
@@ -219,13 +236,14 @@ def trained(args: argparse.Namespace) -> dict:
             name: _decoder(translators[quantize], sources_text, beam, step == "flat", hypotheses, name)
             for name, (quantize, step) in decoders.items()
         }
-        seconds = alternating(fns, rounds)
+        times = alternating(fns, rounds)
         for name, (quantize, step) in decoders.items():
             scores = score_translations(hypotheses[name], references)
+            seconds = median(times[name])
             out.append({
-                "weights": quantize or "fp32", "step": step, "beam": beam, "seconds": round(seconds[name], 2),
-                "sent_per_s": round(len(sources_text) / seconds[name], 1), "bleu": round(scores.bleu, 2),
-                "chrf": round(scores.chrf, 2),
+                "weights": quantize or "fp32", "step": step, "beam": beam, "seconds": round(seconds, 2),
+                "runs": [round(t, 3) for t in times[name]], "sent_per_s": round(len(sources_text) / seconds, 1),
+                "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
             })  # fmt: skip
     print(f"\n{args.model} on {args.split} ({len(sources_text)} sentences; median of {rounds} alternating rounds):")
     print(table(out, [("weights", "weights"), ("step", "decoding step"), ("beam", "beam"), ("seconds", "seconds"),
