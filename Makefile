@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 AIAYN := $(VENV)/bin/aiayn
 TORCH_VERSION ?= 2.13.0
 # PyTorch's CPU wheels (~200 MB; PyPI's Linux wheel pulls the CUDA libraries, gigabytes), used where
-# the index answers within 5 s; `make TORCH_INDEX=` takes pip's own sources only
+# the index answers within 5 s; `make TORCH_INDEX=` takes pip's own sources only. With both, pip
+# picks the index's 2.13.0+cpu over PyPI's 2.13.0 (a local version sorts higher; checked against
+# PyPI with a local copy of the index: no nvidia packages installed)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 DING := /usr/share/trans/de-en
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
