@@ -24,6 +24,20 @@ def _model(seed: int = 0, vocab_size: int = 16, eos_boost: float = 2.5, **kw) ->
     return model
 
 
+def _ending_model(eos_boost: float = 4.0) -> Transformer:
+    """A tiny model (seed chosen by a search over seeds) whose outputs end by choosing EOS, at
+    many different steps, rather than by reaching the length limit: greedy and beam search then
+    exercise sentences and beams finishing mid-search, and the cache reordered around them.
+    ``_ends_by_choice`` checks it where a test relies on it."""
+    return _model(seed=21, eos_boost=eos_boost)
+
+
+def _ends_by_choice(lengths: list[int], sources: list[int], max_len_a: int = 50) -> int:
+    """How many outputs (token counts without EOS) ended before their limit: source length + 1
+    (its EOS) + ``max_len_a`` tokens, the last of them the EOS forced at the limit."""
+    return sum(n + 1 < s + 1 + max_len_a for n, s in zip(lengths, sources, strict=True))
+
+
 def _sources(lengths, vocab_size=16, seed=1):
     g = torch.Generator().manual_seed(seed)
     src = torch.full((len(lengths), max(lengths) + 1), PAD)
@@ -44,14 +58,19 @@ def test_length_penalty_formula():
     assert length_penalty(30, 0.0) == 1.0
 
 
-def test_fixture_outputs_end_at_different_lengths():
-    out = greedy_decode(_model(), _sources([3, 7, 5, 9, 2, 6]), max_len_a=10).tolist()
-    lengths = {len(_trim(row)) for row in out}
-    assert len(lengths) > 2, out  # so that the tests below exercise sentences finishing early
+def test_fixture_outputs_end_by_choice_at_different_lengths():
+    """So that the tests below exercise sentences and beams finishing early: most outputs end by
+    choosing EOS (not forced at the limit), at several different steps."""
+    lengths, model = [3, 7, 5, 9, 2, 6], _ending_model()
+    greedy = [len(_trim(row)) for row in greedy_decode(model, _sources(lengths)).tolist()]
+    assert _ends_by_choice(greedy, lengths) == 6 and len(set(greedy)) >= 5 and min(greedy) > 0, greedy
+    beams = beam_search(model, _sources(lengths), beam=4, nbest=4)
+    ends = [_ends_by_choice([len(h.tokens) for h in hyps], [s] * 4) for hyps, s in zip(beams, lengths, strict=True)]
+    assert sum(ends) >= 18 and len({len(h.tokens) for hyps in beams for h in hyps}) >= 8, ends
 
 
 def test_greedy_with_cache_equals_recomputation():
-    model, src = _model(), _sources([3, 7, 5, 9, 2, 6])
+    model, src = _ending_model(), _sources([3, 7, 5, 9, 2, 6])
     assert torch.equal(greedy_decode(model, src), greedy_decode(model, src, use_cache=False))
 
 
@@ -59,11 +78,12 @@ def test_greedy_with_cache_equals_recomputation():
 def test_greedy_output_does_not_depend_on_when_finished_rows_leave_the_batch(monkeypatch, fraction):
     """Finished rows stay in the batch until a fraction of it has ended (``COMPACT_FRACTION``);
     the output, pads after EOS included, must not change, with or without the cache."""
-    model, src = _model(), _sources([3, 7, 5, 9, 2, 6, 4, 8])
+    model, src = _ending_model(), _sources([3, 7, 5, 9, 2, 6, 4, 8])
     monkeypatch.setattr(decode, "COMPACT_FRACTION", 10**9)
     compact_every_time = greedy_decode(model, src, max_len_a=10)
     lengths = [len(_trim(row)) for row in compact_every_time.tolist()]
-    assert len(set(lengths)) > 3, lengths  # sentences end at several different steps
+    assert len(set(lengths)) > 3, lengths  # sentences end at several different steps,
+    assert _ends_by_choice(lengths, [3, 7, 5, 9, 2, 6, 4, 8], max_len_a=10) >= 4, lengths  # half of them by EOS
     monkeypatch.setattr(decode, "COMPACT_FRACTION", fraction)
     for use_cache in (True, False):
         assert torch.equal(greedy_decode(model, src, max_len_a=10, use_cache=use_cache), compact_every_time)
@@ -94,7 +114,7 @@ def test_greedy_limits_and_min_len():
 
 
 def test_beam_one_equals_greedy():
-    model, src = _model(), _sources([3, 7, 5, 9, 2, 6])
+    model, src = _ending_model(), _sources([3, 7, 5, 9, 2, 6])
     greedy = [_trim(row) for row in greedy_decode(model, src).tolist()]
     beam = [h[0].tokens for h in beam_search(model, src, beam=1)]
     assert beam == greedy
@@ -102,9 +122,11 @@ def test_beam_one_equals_greedy():
 
 @pytest.mark.parametrize("beam", [2, 4])
 def test_beam_with_cache_equals_recomputation(beam):
-    model, src = _model(seed=2), _sources([3, 7, 5, 9, 2, 6])
+    model, src = _ending_model(eos_boost=3.5), _sources([3, 7, 5, 9, 2, 6])
     cached = beam_search(model, src, beam=beam, nbest=beam)
     recomputed = beam_search(model, src, beam=beam, nbest=beam, use_cache=False)
+    lengths = [len(h.tokens) for hyps in cached for h in hyps]
+    assert _ends_by_choice(lengths, [n for n in [3, 7, 5, 9, 2, 6] for _ in range(beam)]) >= 5 * beam, lengths
     for a, b in zip(cached, recomputed, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
@@ -112,9 +134,11 @@ def test_beam_with_cache_equals_recomputation(beam):
 
 def test_batch_equals_one_sentence_at_a_time():
     """Padding invariance: a sentence's output does not depend on the others in its batch."""
-    model, src = _model(seed=4), _sources([3, 7, 5, 9, 2, 6])
+    model, src = _ending_model(eos_boost=5.0), _sources([3, 7, 5, 9, 2, 6])
     batched_beam = beam_search(model, src, beam=3, nbest=2)
     batched_greedy = [_trim(r) for r in greedy_decode(model, src).tolist()]
+    assert _ends_by_choice([len(t) for t in batched_greedy], [3, 7, 5, 9, 2, 6]) >= 5, batched_greedy
+    assert len({len(h.tokens) for hyps in batched_beam for h in hyps}) >= 5  # beams end at different steps
     for row in range(src.size(0)):
         alone = src[row : row + 1, : int((src[row] != PAD).sum())]
         one = beam_search(model, alone, beam=3, nbest=2)[0]
@@ -151,8 +175,8 @@ def test_wide_beam_finds_the_best_sequence_by_brute_force(alpha):
     found = beam_search(model, src, beam=len(truth), nbest=len(truth), alpha=alpha, max_len=L)[0]
     assert [h.tokens for h in found] == [words for _, words in truth]
     assert [h.score for h in found] == pytest.approx([score for score, _ in truth], abs=1e-5)
-    narrow = beam_search(model, src, beam=2, alpha=alpha, max_len=L)[0][0]
-    assert narrow.score <= truth[0][0] + 1e-6
+    narrow = beam_search(model, src, beam=2, alpha=alpha, max_len=L)[0][0]  # a real hypothesis, truly scored
+    assert any(words == narrow.tokens and score == pytest.approx(narrow.score, abs=1e-5) for score, words in truth)
 
 
 def test_hypotheses_are_sorted_distinct_and_scored():
@@ -176,13 +200,15 @@ def test_beam_search_rejects_bad_arguments():
 
 
 def test_translate_ids_keeps_input_order_across_batches():
-    model = _model(seed=7)
+    model = _ending_model()
     lengths = [9, 2, 5, 1, 7, 3, 4, 8]
     src = _sources(lengths)
     sources = [src[i, :n].tolist() for i, n in enumerate(lengths)]
     expected = [h[0].tokens for h in beam_search(model, src, beam=3)]
+    assert len({tuple(t) for t in expected}) >= 6  # distinct outputs: a reordering would show
     assert translate_ids(model, sources, max_tokens=12, beam=3) == expected  # several small batches
     greedy = [_trim(r) for r in greedy_decode(model, src).tolist()]
+    assert len({tuple(t) for t in greedy}) >= 6
     assert translate_ids(model, sources, max_tokens=10) == greedy
 
 
