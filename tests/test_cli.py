@@ -39,7 +39,6 @@ Hund {m} | Der Hund bellt laut. :: dog | The dog barks loudly.
 
 def test_data_ding_train_evaluate_translate_plot_average(tmp_path, capsys):
     """The CLI path of the demo on a tiny fixture: every command runs and writes what it says."""
-    import sacrebleu
     import safetensors.torch
 
     ding = tmp_path / "de-en"
@@ -73,8 +72,9 @@ def test_data_ding_train_evaluate_translate_plot_average(tmp_path, capsys):
     assert main(["evaluate", "--model", str(run / "model"), "--src", str(src), "--ref", str(ref),
                  "--output", str(hyp), "--samples", "2"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    expected = sacrebleu.corpus_bleu(_lines(hyp), [_lines(ref)]).score
-    assert f"BLEU {expected:.2f}" in out and "nrefs:1|case:mixed|eff:no|tok:13a" in out
+    # a model trained 6 steps scores BLEU 0 here, so the number says little: BLEU and chrF are
+    # checked against sacreBLEU's command line in tests/test_translator.py
+    assert len(_lines(hyp)) == len(_lines(ref)) and "nrefs:1|case:mixed|eff:no|tok:13a" in out
 
     (tmp_path / "in.txt").write_text("Das Haus ist groß.\n\nDer Hund.\n")
     assert main(["translate", "--model", str(run / "model"), "--input", str(tmp_path / "in.txt")]) == 0

@@ -4,12 +4,13 @@ and int8 quantization."""
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from aiayn.cli import main
+from aiayn.cli import _one_line, main
 from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.evaluate import score_translations
@@ -52,7 +53,51 @@ def test_translate_matches_the_search_functions(model_dir):
         assert b == translator.tokenizer.decode(hyp.tokens)
     nbest = translator.translate(inputs, beam=3, nbest=3)
     assert all(len(n) == 3 and n[0][0] == b for n, b in zip(nbest, beam, strict=True))
-    assert all([s for _, s in n] == sorted((s for _, s in n), reverse=True) for n in nbest)
+    for text, n in zip(inputs, nbest, strict=True):  # each (text, score) is a hypothesis of the search
+        hyps = beam_search(translator.model, _ids(translator, text), beam=3, nbest=3, alpha=0.6)[0]
+        assert [t for t, _ in n] == [translator.tokenizer.decode(h.tokens) for h in hyps]
+        assert [s for _, s in n] == pytest.approx([h.score for h in hyps], abs=1e-5)
+
+
+@torch.no_grad()
+def _log_prob(model, src: torch.Tensor, tokens: list[int]) -> float:
+    """log P(tokens | src), one teacher-forced forward pass."""
+    logits = model(src, torch.tensor([[1, *tokens[:-1]]]))[0]
+    return float(torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 2.0])
+def test_nbest_scores_are_log_prob_over_the_length_penalty(model_dir, alpha):
+    """§6.1: a hypothesis Y scores log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^α, |Y| with its EOS;
+    the score is computed here from a teacher-forced forward pass and the formula."""
+    translator = Translator.from_pretrained(model_dir)
+    for text in ["Das Haus ist groß.", "Es war Zufall."]:
+        src = _ids(translator, text)
+        hyps = beam_search(translator.model, src, beam=3, nbest=3, alpha=alpha)[0]
+        nbest = translator.translate([text], beam=3, nbest=3, alpha=alpha)[0]
+        for (out, score), h in zip(nbest, hyps, strict=True):
+            assert out == translator.tokenizer.decode(h.tokens)
+            tokens = [*h.tokens, 2]
+            assert score == pytest.approx(
+                _log_prob(translator.model, src, tokens) / ((5 + len(tokens)) / 6) ** alpha, abs=1e-4
+            )
+
+
+def test_defaults_are_the_papers_beam_4_alpha_0_6_and_source_length_plus_50(model_dir):
+    """§6.1: beam 4, α = 0.6, outputs up to the source length + 50. The inputs are chosen so that
+    other settings give other outputs here: the check can tell the defaults apart."""
+    translator = Translator.from_pretrained(model_dir)
+    model = translator.model
+    inputs = SENTENCES[0::2]
+
+    def search(text, **kw):
+        return translator.tokenizer.decode(beam_search(model, _ids(translator, text), **kw)[0][0].tokens)
+
+    paper = [search(t, beam=4, alpha=0.6, max_len_a=50) for t in inputs]
+    assert translator.translate(inputs) == paper
+    for other in (dict(beam=3, alpha=0.6, max_len_a=50), dict(beam=4, alpha=2.0, max_len_a=50),
+                  dict(beam=4, alpha=0.6, max_len_a=3)):  # fmt: skip
+        assert [search(t, **other) for t in inputs] != paper, other
 
 
 def test_bad_inputs_give_outputs_not_crashes(model_dir):
@@ -68,11 +113,17 @@ def test_bad_inputs_give_outputs_not_crashes(model_dir):
 
 def test_inputs_longer_than_the_model_are_truncated_with_a_warning(model_dir):
     translator = Translator.from_pretrained(model_dir)
-    long = " ".join(["Haus"] * 60)
-    assert len(translator.tokenizer.encode(long)) > translator.max_source_tokens == 47
+    words = " ".join(SENTENCES).split()
+    long = " ".join(words[i % len(words)] for i in range(0, 7 * 60, 7))  # 60 words, no long run of one word
+    ids = translator.tokenizer.encode(long)
+    assert len(ids) > translator.max_source_tokens == 47
     with pytest.warns(UserWarning, match="1 input.* truncated"):
         out = translator.translate([long, "Das Haus."], beam=1)
     assert len(out) == 2
+    first = greedy_decode(translator.model, torch.tensor([[*ids[:47], 2]]))[0].tolist()  # the first 47 tokens
+    assert out[0] == translator.tokenizer.decode(first[: first.index(2)])
+    last = greedy_decode(translator.model, torch.tensor([[*ids[-47:], 2]]))[0].tolist()
+    assert out[0] != translator.tokenizer.decode(last[: last.index(2)])  # so the check above can fail
     with pytest.warns(UserWarning) as record:  # streamed one at a time: one warning with the total
         assert len(list(translator.translate_stream([long, "Das Haus.", long, long], buffer_size=1, beam=1))) == 4
     assert [str(w.message) for w in record] == ["3 input(s) longer than the model's 47 tokens were truncated"]
@@ -95,8 +146,15 @@ def test_translate_command_lines_stdin_nbest(model_dir, tmp_path, capsys, monkey
     assert main(["translate", "--model", str(model_dir), "--nbest", "3", "Das Haus ist groß."]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "0"] and rows[0][2] == args_out[0]
-    scores = [float(r[1]) for r in rows]
-    assert scores == sorted(scores, reverse=True)
+    translator = Translator.from_pretrained(model_dir)
+    expected = translator.translate(["Das Haus ist groß."], nbest=3)[0]  # the API's defaults: beam 4, α 0.6
+    assert [(r[2], r[1]) for r in rows] == [(_one_line(t), f"{score:.4f}") for t, score in expected]
+    argv = ["translate", "--model", str(model_dir), "--nbest", "3", "--beam", "3", "--alpha", "2", "Es war Zufall."]
+    assert main(argv) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    expected = translator.translate(["Es war Zufall."], beam=3, alpha=2.0, nbest=3)[0]
+    assert [(r[2], r[1]) for r in rows] == [(_one_line(t), f"{score:.4f}") for t, score in expected]
+    assert expected != translator.translate(["Es war Zufall."], beam=3, alpha=0.0, nbest=3)[0]  # α matters here
     long = " ".join(["Haus"] * 60)
     assert main(["translate", "--model", str(model_dir), "--beam", "1", long]) == 0
     assert "aiayn translate: warning: 1 input(s) longer" in capsys.readouterr().err
@@ -279,15 +337,17 @@ def test_int8_quantization_replaces_every_linear_and_stays_close(model_dir):
     exact, approx = model(src, tgt), quantized(src, tgt)
     assert (approx - exact).abs().max() < 0.05 * exact.abs().max()  # int8 rounding, not a different model
     assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
-    # the int8 model decodes with the same search code, cached == recomputed
-    cached = beam_search(quantized, src, beam=2, max_len_a=5)
-    recomputed = beam_search(quantized, src, beam=2, max_len_a=5, use_cache=False)
-    assert [h[0].tokens for h in cached] == [h[0].tokens for h in recomputed]
+    # Not compared: int8 decoding on the cache against recomputing the prefix. Dynamic quantization
+    # scales each product's activations by their range, one position per row in the first, the whole
+    # prefix in the second: different arithmetic, equal only by luck. The cached int8 step is checked
+    # bit for bit against the module path instead (tests/model/test_incremental.py).
 
 
 def test_quantize_flag(model_dir, capsys):
-    assert main(["translate", "--model", str(model_dir), "--quantize", "int8", "Das Haus.", ""]) == 0
-    assert len(capsys.readouterr().out.split("\n")) == 3
+    inputs = ["Das Haus ist groß.", "", "Der Hund bellt laut."]
+    assert main(["translate", "--model", str(model_dir), "--quantize", "int8", *inputs]) == 0
+    expected = Translator.from_pretrained(model_dir, quantize="int8").translate(inputs)
+    assert capsys.readouterr().out.split("\n") == [*map(_one_line, expected), ""]
 
 
 def test_quantize_without_quantize_dynamic_is_a_one_line_error(model_dir, capsys, monkeypatch):
@@ -360,7 +420,11 @@ def test_evaluate_bleu_and_chrf_equal_the_sacrebleu_command_line(model_dir, tmp_
     assert 5 < bleu["score"] < 95 and 5 < chrf["score"] < 95  # neither nothing nor everything in common
     assert f"BLEU {bleu['score']:.2f}  chrF {chrf['score']:.2f}" in out
     assert bleu["signature"] in out and chrf["signature"] in out
-    assert "beam 2" in out and "perplexity of the references:" in out
+    assert "beam 2" in out
+    with warnings.catch_warnings():  # the references built above may be truncated, as in evaluate
+        warnings.simplefilter("ignore")
+        perplexity = Translator.from_pretrained(model_dir).perplexity(SENTENCES[0::2], references)
+    assert f"perplexity of the references: {perplexity:.2f}" in out  # the API's value, tested below
 
 
 def test_evaluate_empty_files_is_a_one_line_error(model_dir, tmp_path, capsys):
