@@ -1,6 +1,8 @@
 """Plots: attention maps of a translation (§3.2), positional encodings (§3.5), the learning-rate
 schedule (§5.3), and their command lines. The plotted arrays are checked against independent truth."""
 
+import inspect
+import itertools
 import json
 import math
 import struct
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from aiayn import viz
 from aiayn.cli import main
@@ -17,12 +20,16 @@ from aiayn.model import ModelConfig, Transformer
 SENTENCE = "Das Haus ist groß."
 
 
+def _tiny_config(tokenizer: Tokenizer, **options) -> ModelConfig:
+    return ModelConfig(vocab_size=tokenizer.vocab_size, N=2, d_model=16, d_ff=32, h=2, P_drop=0.0, **options)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny random model with a real tokenizer, saved as `aiayn train` saves one."""
     tokenizer = Tokenizer.train(["Das Haus ist groß.", "Die Katze schläft.", "Es war purer Zufall."] * 5, 300)
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, N=2, d_model=16, d_ff=32, h=2, P_drop=0.0)
+    config = _tiny_config(tokenizer)
     directory = tmp_path_factory.mktemp("model")
     Transformer(config).save_pretrained(directory)
     tokenizer.save(directory / TOKENIZER_NAME)
@@ -60,6 +67,54 @@ def test_maps_are_those_of_the_greedy_translation(loaded, maps):
     for layer in range(2):
         step_by_step = torch.stack([step[layer] for step in cross], dim=1)  # (H, T, S)
         torch.testing.assert_close(maps.attention.decoder_cross[layer], step_by_step)
+
+
+def _torch_self_attention_weights(attention, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per-head softmax(QKᵀ/√d_k) (§3.2.1, eq. 1) of ``x`` (1, L, d_model) by torch.nn.MultiheadAttention
+    loaded with the sublayer's [W^Q; W^K; W^V]: (H, L, L)."""
+    mha = torch.nn.MultiheadAttention(x.size(-1), attention.h, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(attention.in_proj.weight)
+        mha.in_proj_bias.copy_(attention.in_proj.bias)
+        L = x.size(1)
+        later = torch.ones(L, L, dtype=torch.bool).triu(1) if causal else None  # torch: True = may NOT attend
+        _, weights = mha(x, x, x, attn_mask=later, need_weights=True, average_attn_weights=False)
+    return weights[0]
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_self_attention_maps_are_each_layers_and_heads_own(loaded, norm_first):
+    """Encoder and decoder self-attention maps, layer by layer and head by head, equal
+    torch.nn.MultiheadAttention's weights for that layer's input and in_proj: no layers or heads
+    swapped. One unpadded sentence: the encoder attends everywhere, the decoder causally."""
+    model, tokenizer = loaded
+    if norm_first:
+        torch.manual_seed(1)
+        model = Transformer(_tiny_config(tokenizer, norm_first=True)).eval()
+    inputs = {}  # (stack, layer) -> the self-attention's input in the last forward: the teacher-forced one
+    hooks = [
+        layer.self_attn.register_forward_pre_hook(lambda module, args, key=(stack, i): inputs.update({key: args[0]}))
+        for stack in ("encoder", "decoder")
+        for i, layer in enumerate(getattr(model, stack).layers)
+    ]
+    try:
+        maps = viz.translation_attention(model, tokenizer, SENTENCE, max_len=6)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    S, T = len(maps.source), len(maps.target)
+    for stack, field, length in (("encoder", "encoder", S), ("decoder", "decoder_self", T)):
+        plotted = getattr(maps.attention, field)
+        assert len(plotted) == 2
+        for layer, sublayer in enumerate(getattr(model, stack).layers):
+            x = inputs[stack, layer]
+            assert x.shape == (1, length, 16)
+            truth = _torch_self_attention_weights(sublayer.self_attn, x, causal=stack == "decoder")
+            for head in range(2):
+                torch.testing.assert_close(plotted[layer][head], truth[head])
+        # the check has teeth: no two (layer, head) maps are alike, so a swap would show
+        for a, b in itertools.combinations([w for weights in plotted for w in weights], 2):
+            assert (a - b).abs().max() > 1e-3
 
 
 def test_decoder_inputs_stop_before_eos(loaded, monkeypatch):
@@ -127,9 +182,8 @@ def test_an_attention_grid_too_large_to_draw_is_an_error(maps, monkeypatch):
     assert len(viz.plot_attention(maps, kinds=["cross"], layers=[0], heads=[0]).axes) == 1
 
 
-def test_positional_encoding_plot_is_the_formula(tmp_path):
-    L, d = 50, 16
-    fig = viz.plot_positional_encoding(L, d, out=tmp_path / "pe.png")
+def _assert_positional_encoding(fig, L: int, d: int) -> None:
+    """The heatmap of ``fig`` is PE of §3.5 for L positions and d_model = d."""
     plotted = torch.as_tensor(fig.axes[0].images[0].get_array(), dtype=torch.float64)
     expected = torch.empty(L, d, dtype=torch.float64)
     for pos in range(L):
@@ -137,6 +191,11 @@ def test_positional_encoding_plot_is_the_formula(tmp_path):
             expected[pos, 2 * i] = math.sin(pos / 10000 ** (2 * i / d))  # PE(pos, 2i)
             expected[pos, 2 * i + 1] = math.cos(pos / 10000 ** (2 * i / d))  # PE(pos, 2i+1)
     torch.testing.assert_close(plotted, expected, atol=1e-6, rtol=0)
+
+
+def test_positional_encoding_plot_is_the_formula(tmp_path):
+    fig = viz.plot_positional_encoding(50, 16, out=tmp_path / "pe.png")
+    _assert_positional_encoding(fig, 50, 16)
     assert (tmp_path / "pe.png").stat().st_size > 10_000
 
 
@@ -151,14 +210,52 @@ def test_schedule_plot_is_the_formula_and_peaks_at_warmup():
     assert lr.max() == pytest.approx(1 / math.sqrt(d_model * warmup))
 
 
-def test_attention_command(model_dir, tmp_path, capsys):
+def _spy(monkeypatch, name: str) -> list:
+    """Replace ``viz.<name>`` by a wrapper that records ``(arguments by name, figure)`` of each call."""
+    calls, real = [], getattr(viz, name)
+
+    def spy(*args, **kwargs):
+        bound = inspect.signature(real).bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append((bound.arguments, real(*args, **kwargs)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(viz, name, spy)
+    return calls
+
+
+def _panel_grid(fig) -> tuple[list[str], tuple[int, int]]:
+    """The panel titles, in reading order, and the (rows, columns) of the grid they sit in."""
+    (grid,) = {ax.get_subplotspec().get_gridspec() for ax in fig.axes}
+    return [ax.get_title() for ax in fig.axes], grid.get_geometry()
+
+
+def test_attention_command(model_dir, tmp_path, capsys, monkeypatch):
+    calls = _spy(monkeypatch, "plot_attention")
     out = tmp_path / "maps.png"
     argv = ["attention", "--model", str(model_dir), SENTENCE, "--out", str(out)]
     assert main([*argv, "--kind", "enc,cross", "--layers", "1", "--heads", "0,1"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"{SENTENCE}  ->  ") and f"written {out}" in printed
+    arguments, fig = calls[-1]
+    assert (arguments["kinds"], arguments["layers"], arguments["heads"]) == (["enc", "cross"], [1], [0, 1])
+    assert _panel_grid(fig) == (
+        [
+            "encoder self-attention, layer 1, head 0",
+            "encoder self-attention, layer 1, head 1",
+            "encoder-decoder attention, layer 1, head 0",
+            "encoder-decoder attention, layer 1, head 1",
+        ],
+        (2, 2),
+    )
     width, height = _png_size(out)
     assert width < height  # 2 rows (enc, cross at layer 1) of 2 heads, each panel square
+    assert main([*argv, "--kind", "dec", "--heads", "1"]) == 0  # every layer, by default
+    assert _panel_grid(calls[-1][1]) == (
+        ["decoder self-attention, layer 0, head 1", "decoder self-attention, layer 1, head 1"],
+        (2, 1),
+    )
+    capsys.readouterr()
 
     assert main([*argv, "--layers", "3"]) == 1
     err = capsys.readouterr().err
@@ -196,13 +293,24 @@ def test_plot_run_is_one_png_and_leaves_the_backend_alone(tmp_path, monkeypatch)
     assert matplotlib.rcParams["backend"] == "svg"
 
 
-def test_plot_pe_and_lr_commands(tmp_path, capsys):
+def test_plot_pe_and_lr_commands(tmp_path, capsys, monkeypatch):
+    pe_calls, lr_calls = _spy(monkeypatch, "plot_positional_encoding"), _spy(monkeypatch, "plot_schedule")
     pe, lr = tmp_path / "pe.png", tmp_path / "lr.png"
     assert main(["plot", "pe", "--length", "20", "--d-model", "8", "--out", str(pe)]) == 0
+    _assert_positional_encoding(pe_calls[-1][1], 20, 8)
     ding = Path(__file__).parents[1] / "configs" / "ding.yaml"
     assert main(["plot", "lr", "--config", str(ding), "--out", str(lr)]) == 0
     assert capsys.readouterr().out == f"written {pe}\nwritten {lr}\n"
     assert _png_size(pe) == (800, 600) and _png_size(lr) == (800, 450)
+    # the curve is §5.3's formula with the preset's d_model, warmup and scale, read here from the YAML
+    preset = yaml.safe_load(ding.read_text())
+    d_model, warmup, scale = preset["model"]["d_model"], preset["train"]["warmup"], preset["train"]["lr_scale"]
+    assert d_model != 512 and warmup != 4000 and scale != 1.0  # none is the default, so ignoring one would show
+    assert "max_steps" not in preset["train"]
+    steps, rates = lr_calls[-1][1].axes[0].lines[0].get_data()
+    assert list(steps) == list(range(1, 10 * warmup + 1))  # without max_steps: 10 · warmup steps
+    expected = [scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5) for step in steps]
+    assert list(rates) == pytest.approx(expected, rel=1e-12)
     # a flag of the other kind is an error, not silently ignored
     assert main(["plot", "pe", "--steps", "10", "--out", str(pe)]) == 1
     assert "--steps belongs to `aiayn plot lr`" in capsys.readouterr().err
