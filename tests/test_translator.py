@@ -257,6 +257,8 @@ def test_translate_reads_a_pipe_and_stops_quietly_when_its_reader_goes_away(mode
     # the reader of stdout closes it after one line (``| head -1``), with more output than a pipe holds
     many = tmp_path / "many.txt"
     many.write_text("Das Haus ist groß und der Hund bellt laut.\n" * 1500, encoding="utf-8")
+    line = _one_line(translator.translate(["Das Haus ist groß und der Hund bellt laut."], beam=1)[0])
+    assert 1500 * (len(line.encode()) + 1) > 65536  # more than a Linux pipe holds (64 KiB): writing must fail
     argv = ["-m", "aiayn", "translate", "--model", str(model_dir), "--beam", "1", "--input", str(many)]
     process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = process.stdout.readline()
