@@ -242,7 +242,7 @@ def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(mon
     from torch.utils import cpp_extension
 
     assert cpu_kernels.available()
-    name = f"aiayn_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}"
+    name = cpu_kernels.build_name()
     assert cpu_kernels._built(cpp_extension, name)
     assert not cpu_kernels._built(cpp_extension, name + "_never_built")
     monkeypatch.setattr(torch, "__version__", "0.0.1")  # a build by another torch: ninja redoes it
@@ -252,6 +252,30 @@ def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(mon
     with caplog.at_level("INFO", logger="aiayn"):
         assert cpu_kernels.available()  # loads the cached build again
     assert "building" not in caplog.text
+
+
+def test_each_checkout_and_torch_installation_builds_in_a_directory_of_its_own(monkeypatch, tmp_path):
+    """torch's extension cache is shared by all of a user's checkouts and venvs, and ninja's build
+    file names the source file and torch's headers by path: under one build name a clone and a
+    copy of it (or two venvs) rebuilt each other's kernels, silently, each time the other ran."""
+    from torch.utils import cpp_extension
+
+    name = cpu_kernels.build_name()
+    assert name == cpu_kernels.build_name()  # stable: a second process finds the same build
+    assert name.startswith(f"aiayn_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}_")
+    copy = tmp_path / "clone" / "csrc" / cpu_kernels.SOURCE.name  # the same source in another checkout
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(cpu_kernels.SOURCE.read_bytes())
+    monkeypatch.setattr(cpu_kernels, "SOURCE", copy)
+    other_checkout = cpu_kernels.build_name()
+    monkeypatch.undo()
+    headers = cpp_extension.include_paths()
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **k: [f"{tmp_path}/venv{h}" for h in headers])
+    other_venv = cpu_kernels.build_name()
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    other_torch = cpu_kernels.build_name()
+    assert len({name, other_checkout, other_venv, other_torch}) == 4
 
 
 def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_path(monkeypatch, tmp_path):

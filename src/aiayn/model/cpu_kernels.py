@@ -13,7 +13,8 @@ Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a tra
 ``model/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
 
 They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
-20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
+20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``,
+one build per checkout and torch installation: ``build_name``).
 Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, torch's kernels do
 the work as before. Callers: ``scaled_dot_product_attention`` (``model/attention.py``) and
 ``greedy_decode``; tests check each kernel against its formula.
@@ -24,6 +25,7 @@ Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes; R rows, V 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import sys
@@ -55,6 +57,21 @@ def _flags() -> tuple[list[str], list[str]]:
     return ["-O3", *openmp, *(["-mavx2", "-mfma"] if vector else [])], openmp
 
 
+def build_name() -> str:
+    """The build's name, and so its directory in torch's extension cache: the CPU's vector
+    capability and a hash of what ninja's build file holds (this source file's path, torch's
+    headers' path and version, the flags). torch's cache is shared by every checkout and venv of
+    a user; under one name, two of them (a clone and its CI copy, a venv and a pip install) each
+    rewrote the other's build file and rebuilt, ~15 s without a word, each time the other had
+    run; a process could also load a library another was rewriting."""
+    from torch.utils import cpp_extension
+
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    cflags, ldflags = _flags()
+    key = "\n".join([str(SOURCE.resolve()), *cpp_extension.include_paths(), torch.__version__, *cflags, *ldflags])
+    return f"aiayn_cpu_kernels_{capability}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
 def available() -> bool:
     """Whether the kernel is enabled and built (building it on the first call; never while
     torch.compile traces, and once per process, under a lock; an interrupted build is tried again)."""
@@ -74,8 +91,7 @@ def available() -> bool:
 def _build() -> bool:
     from torch.utils import cpp_extension
 
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    name = f"aiayn_cpu_kernels_{capability}"
+    name = build_name()
     if not _built(cpp_extension, name):
         log.info("building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
     cflags, ldflags = _flags()
