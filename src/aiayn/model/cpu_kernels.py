@@ -64,11 +64,10 @@ def build_name() -> str:
     a user; under one name, two of them (a clone and its CI copy, a venv and a pip install) each
     rewrote the other's build file and rebuilt, ~15 s without a word, each time the other had
     run; a process could also load a library another was rewriting."""
-    from torch.utils import cpp_extension
-
     capability = torch.backends.cpu.get_cpu_capability().lower()
     cflags, ldflags = _flags()
-    key = "\n".join([str(SOURCE.resolve()), *cpp_extension.include_paths(), torch.__version__, *cflags, *ldflags])
+    torch_dir = str(Path(torch.__file__).resolve().parent)  # its headers are under it: torch/include
+    key = "\n".join([str(SOURCE.resolve()), torch_dir, torch.__version__, *cflags, *ldflags])
     return f"aiayn_cpu_kernels_{capability}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
