@@ -189,13 +189,13 @@ def main() -> None:
         runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
         names = (f"Marian {kind}", kind, f"module {kind}", f"int8 {kind}")
-        seconds = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # name -> each round's time
-        peer = seconds.get(f"Marian {kind}")
+        times = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # each round's seconds
+        peer = times.get(f"Marian {kind}")
         if peer is not None:
             row(f"Marian generate {title} (fp32)", peer, beam)
-        row(f"aiayn {title} (fp32)", seconds[kind], beam, peer=peer)
-        row(f"aiayn {title} (fp32, steps module by module)", seconds[f"module {kind}"], beam, peer=peer)
-        row(f"aiayn {title} (int8)", seconds[f"int8 {kind}"], beam, peer=peer)
+        row(f"aiayn {title} (fp32)", times[kind], beam, peer=peer)
+        row(f"aiayn {title} (fp32, steps module by module)", times[f"module {kind}"], beam, peer=peer)
+        row(f"aiayn {title} (int8)", times[f"int8 {kind}"], beam, peer=peer)
     result = {
         "machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "repeats": args.repeats,
         "rows": rows,

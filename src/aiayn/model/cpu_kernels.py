@@ -119,8 +119,6 @@ def _build() -> bool:
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = path
-    with contextlib.suppress(AttributeError, OSError):  # which torch built it: _built compares
-        _library(cpp_extension, name).with_suffix(".torch").write_text(torch.__version__)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
@@ -133,13 +131,11 @@ def _library(cpp_extension, name: str) -> Path:
 
 
 def _built(cpp_extension, name: str) -> bool:
-    """Whether a build of this source by this torch is already cached (then loading it takes
-    ~0.2 s). torch's build directory does not depend on torch's version: after an upgrade ninja
-    rebuilds there (torch's headers changed), so a build by another torch does not count."""
+    """Whether a build of this source is already cached under ``name`` (then loading it takes
+    ~0.2 s); ``build_name`` differs between torch installations and versions, so it is this
+    torch's build."""
     try:
-        library = _library(cpp_extension, name)
-        fresh = library.stat().st_mtime >= SOURCE.stat().st_mtime
-        return fresh and library.with_suffix(".torch").read_text() == torch.__version__
+        return _library(cpp_extension, name).stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
 
