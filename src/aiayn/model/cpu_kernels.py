@@ -60,7 +60,7 @@ def _flags() -> tuple[list[str], list[str]]:
 def build_name() -> str:
     """The build's name, and so its directory in torch's extension cache: the CPU's vector
     capability and a hash of what ninja's build file holds (this source file's path, torch's
-    headers' path and version, the flags). torch's cache is shared by every checkout and venv of
+    directory, where its headers are, and its version, the flags). torch's cache is shared by every checkout and venv of
     a user; under one name, two of them (a clone and its CI copy, a venv and a pip install) each
     rewrote the other's build file and rebuilt, ~15 s without a word, each time the other had
     run; a process could also load a library another was rewriting."""
@@ -126,16 +126,13 @@ def _build() -> bool:
     return True
 
 
-def _library(cpp_extension, name: str) -> Path:
-    return Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
-
-
 def _built(cpp_extension, name: str) -> bool:
     """Whether a build of this source is already cached under ``name`` (then loading it takes
     ~0.2 s); ``build_name`` differs between torch installations and versions, so it is this
     torch's build."""
     try:
-        return _library(cpp_extension, name).stat().st_mtime >= SOURCE.stat().st_mtime
+        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+        return library.stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
 
