@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,16 +239,17 @@ def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, 
         assert torch.equal(ours, torchs)
 
 
-def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(monkeypatch, caplog):
+def test_a_cached_build_is_recognized_so_that_only_a_real_build_is_announced(monkeypatch, caplog, tmp_path):
     from torch.utils import cpp_extension
 
     assert cpu_kernels.available()
     name = cpu_kernels.build_name()
     assert cpu_kernels._built(cpp_extension, name)
-    assert not cpu_kernels._built(cpp_extension, name + "_never_built")
-    monkeypatch.setattr(torch, "__version__", "0.0.1")  # another torch: another build, announced
-    assert not cpu_kernels._built(cpp_extension, cpu_kernels.build_name())
-    monkeypatch.undo()
+    with monkeypatch.context() as m:  # torch creates the directory it looks in: not in the user's cache
+        m.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+        assert not cpu_kernels._built(cpp_extension, name)
+        m.setattr(torch, "__version__", "0.0.1")  # another torch: another build, announced
+        assert not cpu_kernels._built(cpp_extension, cpu_kernels.build_name())
     monkeypatch.setattr(cpu_kernels, "_state", {})
     with caplog.at_level("INFO", logger="aiayn"):
         assert cpu_kernels.available()  # loads the cached build again
@@ -273,6 +275,58 @@ def test_each_checkout_and_torch_installation_builds_in_a_directory_of_its_own(m
     monkeypatch.setattr(torch, "__version__", "0.0.1")
     other_torch = cpu_kernels.build_name()
     assert len({name, other_checkout, other_venv, other_torch}) == 4
+
+
+def _fake_build(directory: Path, source: Path) -> Path:
+    """A build directory as torch's builder leaves it here, its ninja file naming ``source`` with
+    each space escaped as "$ " (torch escapes nothing else off Windows)."""
+    directory.mkdir(parents=True)
+    escaped = str(source).replace(" ", "$ ")
+    (directory / "build.ninja").write_text(
+        f"cflags = -O3\n\nbuild decode_kernels.o: compile {escaped}\n\n"
+        f"build {directory.name}.so: link decode_kernels.o\n"
+    )
+    (directory / f"{directory.name}.so").write_bytes(b"\0" * 64)
+    return directory
+
+
+def test_a_new_build_removes_the_builds_of_checkouts_that_are_gone(tmp_path):
+    """Each checkout builds under its own name, so deleted clones (CI runs, scratch copies) would
+    leave their builds in the shared cache for ever; a build whose source still exists, a
+    directory that is not one of ours, and one whose ninja file is missing are kept."""
+    root = tmp_path / "torch_extensions"
+    live_source = tmp_path / "a checkout: $kept" / "decode_kernels.cpp"
+    live_source.parent.mkdir()
+    live_source.write_text("// source")
+    gone = tmp_path / "deleted clone" / "decode_kernels.cpp"  # never created
+    ours = _fake_build(root / "aiayn_cpu_kernels_avx2_000000000000", live_source)
+    orphan = _fake_build(root / "aiayn_cpu_kernels_avx2_111111111111", gone)
+    orphan_other_cpu = _fake_build(root / "aiayn_cpu_kernels_default_222222222222", gone)
+    live = _fake_build(root / "aiayn_cpu_kernels_avx2_333333333333", live_source)
+    not_ours = _fake_build(root / "someone_elses_extension", gone)
+    never_built = root / "aiayn_cpu_kernels_avx2_444444444444"
+    never_built.mkdir()  # no build.ninja: a build under way, or one that failed
+    assert sorted(cpu_kernels._prune(ours)) == sorted([orphan, orphan_other_cpu])
+    assert not orphan.exists() and not orphan_other_cpu.exists()
+    assert ours.exists() and live.exists() and not_ours.exists() and never_built.exists()
+    assert cpu_kernels._prune(ours) == []  # nothing left to remove
+
+
+def test_only_a_real_build_prunes(monkeypatch, tmp_path):
+    """Loading a cached build touches nothing else in the cache; a build does prune."""
+    from torch.utils import cpp_extension
+
+    assert cpu_kernels.available()  # the real ops, loaded: the fake load below leaves them
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    root = Path(cpp_extension._get_build_directory(cpu_kernels.build_name(), verbose=False)).parent
+    orphan = _fake_build(root / "aiayn_cpu_kernels_avx2_111111111111", tmp_path / "gone" / "decode_kernels.cpp")
+    monkeypatch.setattr(cpp_extension, "load", lambda *args, **kwargs: None)  # the ops stay those loaded
+    monkeypatch.setattr(cpu_kernels, "_built", lambda *args: True)
+    assert cpu_kernels._build()
+    assert orphan.exists()
+    monkeypatch.setattr(cpu_kernels, "_built", lambda *args: False)
+    assert cpu_kernels._build()
+    assert not orphan.exists()
 
 
 def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_path(monkeypatch, tmp_path):

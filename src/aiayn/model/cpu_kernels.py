@@ -14,7 +14,8 @@ Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a tra
 
 They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
 20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``,
-one build per checkout and torch installation: ``build_name``).
+one build per checkout and torch installation: ``build_name``; a new build removes those of
+checkouts that are gone: ``_prune``).
 Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, torch's kernels do
 the work as before. Callers: ``scaled_dot_product_attention`` (``model/attention.py``) and
 ``greedy_decode``; tests check each kernel against its formula.
@@ -28,6 +29,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
+import shutil
 import sys
 import threading
 import warnings
@@ -91,7 +94,8 @@ def _build() -> bool:
     from torch.utils import cpp_extension
 
     name = build_name()
-    if not _built(cpp_extension, name):
+    cached = _built(cpp_extension, name)
+    if not cached:
         log.info("building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
     cflags, ldflags = _flags()
     path = os.environ.get("PATH")
@@ -119,6 +123,9 @@ def _build() -> bool:
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = path
+    if not cached:  # a new build: the time to clear away those of checkouts that are gone
+        with contextlib.suppress(AttributeError, OSError):
+            _prune(Path(cpp_extension._get_build_directory(name, verbose=False)))
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
@@ -135,6 +142,37 @@ def _built(cpp_extension, name: str) -> bool:
         return library.stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
+
+
+_BUILD_NAME = re.compile(r"aiayn_cpu_kernels_[a-z0-9]+_[0-9a-f]{12}")
+
+
+def _prune(directory: Path) -> list[Path]:
+    """Remove the other builds beside ``directory`` (the one just built) whose source file no
+    longer exists: each checkout or venv builds under its own name (``build_name``), so a deleted
+    clone (a CI run's, a scratch copy) leaves ~250 KB that nothing would use again. A build whose
+    ninja file cannot be read or names no source is left alone. Returns the removed directories."""
+    removed = []
+    for other in directory.parent.iterdir():
+        if other == directory or not _BUILD_NAME.fullmatch(other.name):
+            continue
+        try:
+            ninja_file = (other / "build.ninja").read_text()
+        except OSError:
+            continue
+        # "build decode_kernels.o: compile /path/to/decode_kernels.cpp"; torch escapes a space as
+        # "$ " and, on Windows, a colon as "$:" (nothing else)
+        sources = [
+            re.sub(r"\$([ :])", r"\1", line.split(": compile ", 1)[1].strip())
+            for line in ninja_file.splitlines()
+            if line.startswith("build ") and ": compile " in line
+        ]
+        if sources and not any(Path(source).exists() for source in sources):
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+    if removed:
+        log.info("removed %d CPU kernel build(s) of checkouts that no longer exist", len(removed))
+    return removed
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
