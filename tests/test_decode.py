@@ -263,12 +263,72 @@ def test_banned_tokens_are_exactly_those_that_would_repeat_an_ngram():
     for _ in range(200):
         n, t, R = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(0, 9, (1,), generator=g)), 3
         prefixes = torch.cat([torch.full((R, 1), BOS), torch.randint(3, V, (R, t), generator=g)], dim=1)
-        logp = _ban_repeated_ngrams(torch.zeros(R, V), prefixes, n)
+        logp = _ban_repeated_ngrams(torch.zeros(R, V), prefixes, n, EOS)
         for r in range(R):
             out = prefixes[r, 1:].tolist()
             seen = {tuple(out[i : i + n]) for i in range(len(out) - n + 1)}
             expected = [len(out) + 1 >= n and tuple([*out, v][-n:]) in seen for v in range(V)]
             assert logp[r].isneginf().tolist() == expected, (n, out)
+
+
+def test_banned_tokens_for_rows_of_different_lengths_are_those_of_each_row_alone():
+    """Refilled batches hold rows of different lengths, right-aligned after -1s (``_histories``):
+    each row's bans must be those of its own tokens by brute force, the -1s never banned nor
+    matched (a row with no tokens yet bans nothing); where scores already ruled out (EOS before
+    min_len) and the bans would leave a row nothing, the row stays as it was."""
+    from aiayn.decode import _ban_repeated_ngrams, _histories
+
+    g = torch.Generator().manual_seed(1)
+    V, R, W = 6, 5, 10
+    seen_lengths, yielded = set(), 0
+    for _ in range(300):
+        n = int(torch.randint(1, 5, (1,), generator=g))
+        out = torch.randint(3, V, (R, W), generator=g)
+        lengths = torch.randint(0, W + 1, (R,), generator=g)
+        seen_lengths.update(lengths.tolist())
+        # scores already ruled out, as min_len rules out EOS and the limit all but EOS
+        ruled_out = torch.rand(R, V, generator=g) < 0.3
+        ruled_out[:, EOS] = torch.rand(R, generator=g) < 0.5
+        logp = _ban_repeated_ngrams(
+            torch.zeros(R, V).masked_fill(ruled_out, -torch.inf), _histories(out, lengths, BOS), n, EOS
+        )
+        for r in range(R):
+            tokens = out[r, : lengths[r]].tolist()
+            seen = {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+            banned = [len(tokens) + 1 >= n and tuple([*tokens, v][-n:]) in seen for v in range(V)]
+            expected = [bool(x) or b for x, b in zip(ruled_out[r].tolist(), banned, strict=True)]
+            if all(expected):  # the rule would leave no token: it yields
+                expected, yielded = ruled_out[r].tolist(), yielded + 1
+            assert logp[r].isneginf().tolist() == expected, (n, tokens)
+    assert {0, 1, W} <= seen_lengths  # empty rows, one token, and full rows among them
+    assert yielded > 10
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_refilled_batches_keep_the_no_repeat_ngram_rule_of_each_sentence_alone(monkeypatch, n):
+    """With ``no_repeat_ngram_size`` the refilled searches (rows joining at different steps, so
+    histories of different lengths) give each sentence what it gets decoded alone with the rule."""
+    model = _model(seed=1, max_len=64)
+    g = torch.Generator().manual_seed(12)
+    sources = [torch.randint(5, 16, (int(k),), generator=g).tolist() for k in torch.randint(1, 12, (30,), generator=g)]
+    one = [torch.tensor([[*ids, EOS]]) for ids in sources]
+    greedy = [_trim(greedy_decode(model, src, max_len_a=6, no_repeat_ngram_size=n)[0].tolist()) for src in one]
+    plain = [_trim(greedy_decode(model, src, max_len_a=6)[0].tolist()) for src in one]
+    assert sum(a != b for a, b in zip(greedy, plain, strict=True)) >= 5  # the rule changes many outputs
+    assert len({len(x) for x in greedy}) > 4  # sentences end at many different steps
+    beams = [beam_search(model, src, beam=3, nbest=2, max_len_a=6, no_repeat_ngram_size=n)[0] for src in one]
+    calls = []
+    for name in ("_greedy_refilled", "_beam_refilled"):
+        real = getattr(decode, name)
+        monkeypatch.setattr(decode, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+    assert translate_ids(model, sources, max_tokens=40, max_len_a=6, no_repeat_ngram_size=n) == greedy
+    refilled = translate_ids(model, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
+    assert len(calls) == 2  # both ran refilled
+    for got, want in zip(refilled, beams, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+    with pytest.raises(ValueError, match="no_repeat_ngram_size must be >= 0"):
+        translate_ids(model, sources, no_repeat_ngram_size=-1)
 
 
 def test_no_repeat_ngram_yields_where_min_len_leaves_no_other_token():

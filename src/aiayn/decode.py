@@ -89,15 +89,15 @@ def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id
     return logp
 
 
-def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int) -> Tensor:
+def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int, eos_id: int) -> Tensor:
     """In place: -inf for every token that would repeat an n-gram of the output so far.
 
     ``prefixes`` ``(R, 1 + t)`` (BOS, then t output tokens; BOS is not part of the history),
-    ``logp`` ``(R, V)``. With n = 1 no output token may come twice; with n >= 2 the token that
-    followed each earlier occurrence of the last n - 1 tokens is banned. A live prefix holds no
-    EOS, so EOS is never banned (fairseq's n = 1 also bans its start symbol, EOS). Where the
-    rule would leave a row no token at all (``min_len`` forbidding EOS), it yields for that row
-    at that step.
+    ``logp`` ``(R, V)``; rows of fewer tokens are right-aligned after -1s (``_histories``). With
+    n = 1 no output token may come twice; with n >= 2 the token that followed each earlier
+    occurrence of the last n - 1 tokens is banned. A live prefix holds no EOS, so EOS is never
+    banned (fairseq's n = 1 also bans its start symbol, EOS). Where the rule would leave a row
+    no token at all (``min_len`` forbidding EOS), it yields for that row at that step.
     """
     tokens = prefixes[:, 1:]  # (R, t)
     t = tokens.size(1)
@@ -111,13 +111,30 @@ def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int) -> Tensor:
         match = (windows[:, :-1] == windows[:, -1:]).all(-1)  # (R, t - n + 1): earlier runs equal to the last
         rows, starts = match.nonzero(as_tuple=True)
         banned = tokens[rows, starts + n - 1]  # the token that followed each such run
+    # a -1 (no token yet) is never banned; a run of -1s matches only in a row with no token at all
+    real = banned >= 0
+    rows, banned = rows[real], banned[real]
     before = logp[rows, banned]
     logp[rows, banned] = -torch.inf
-    stuck = ~logp.isfinite().any(dim=-1)  # (R,)
-    if stuck.any():
+    # EOS stays: only a row whose EOS was already ruled out can be left with nothing (checking
+    # every row's V scores took ~1.5 ms a step, as long as the rest of the rule)
+    maybe = (logp[:, eos_id] == -torch.inf).nonzero().squeeze(1)  # (R',)
+    if maybe.numel():
+        stuck = torch.zeros(logp.size(0), dtype=torch.bool, device=logp.device)  # (R,)
+        stuck[maybe] = ~logp[maybe].isfinite().any(dim=-1)
         undo = stuck[rows]
         logp[rows[undo], banned[undo]] = before[undo]
     return logp
+
+
+def _histories(out: Tensor, lengths: Tensor, bos_id: int) -> Tensor:
+    """Each row's first ``lengths[r]`` tokens of ``out`` as prefixes for ``_ban_repeated_ngrams``:
+    BOS, then the tokens right-aligned after -1s. Shape: ``out`` ``(R, W)``, ``lengths``
+    ``(R,)`` -> ``(R, 1 + max(lengths))``."""
+    L = int(lengths.max()) if lengths.numel() else 0
+    index = torch.arange(L, device=out.device) + (lengths[:, None] - L)  # (R, L): position in out, < 0 before
+    tokens = out.gather(1, index.clamp(min=0)).masked_fill(index < 0, -1)  # (R, L)
+    return torch.cat([tokens.new_full((tokens.size(0), 1), bos_id), tokens], dim=1)
 
 
 class _Stepper:
@@ -190,7 +207,7 @@ def greedy_decode(
     for t in range(out.size(1)):
         logits = step(prefixes, normalize=False)  # the argmax needs no softmax
         logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
-        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size)
+        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
         token = cpu_kernels.argmax(logits)  # (R,): logits.argmax(-1), one pass on the CPU
         ended = token == config.eos_id  # (R,)
         if finished is not None:  # rows already ended stay until the next compaction; ignore them
@@ -260,7 +277,7 @@ def beam_search(
         n = active.numel()
         at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
         logp = _constrain(step(prefixes), t, at_limit, min_len, config.pad_id, config.eos_id)  # (R, V)
-        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size)
+        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
         top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
@@ -295,17 +312,10 @@ def beam_search(
     return results
 
 
-def _refills(model: Transformer, no_repeat_ngram_size: int) -> bool:
+def _refills(model: Transformer) -> bool:
     """Whether ``translate_ids`` refills its batches (``_greedy_refilled``, ``_beam_refilled``): ``REFILL`` on, an
-    encoder-decoder in eval mode without an attention window, and no n-gram rule (its history
-    would need rows of different lengths)."""
-    return (
-        REFILL
-        and isinstance(model, Transformer)
-        and not model.training
-        and model.config.attention_window is None
-        and no_repeat_ngram_size == 0
-    )
+    encoder-decoder in eval mode without an attention window."""
+    return REFILL and isinstance(model, Transformer) and not model.training and model.config.attention_window is None
 
 
 @torch.no_grad()
@@ -315,6 +325,7 @@ def _greedy_refilled(
     batches: Sequence[Sequence[int]],
     max_len_a: int,
     budget: int,
+    no_repeat_ngram_size: int = 0,
 ):
     """Greedy search (as ``greedy_decode``) over many batches, taking in the next batch's
     sentences as soon as half of the rows decoding have ended, if their sources fit
@@ -358,6 +369,9 @@ def _greedy_refilled(
             joined = B
         logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (R, V)
         logits = _constrain(logits, 1, steps + 1 >= limit, 0, config.pad_id, config.eos_id)  # no min_len
+        if no_repeat_ngram_size:
+            history = _histories(out, steps, config.bos_id)  # (R, 1 + t')
+            logits = _ban_repeated_ngrams(logits, history, no_repeat_ngram_size, config.eos_id)
         token = cpu_kernels.argmax(logits)  # (R,)
         going = (~ended).nonzero().squeeze(1)  # rows that have not ended: their token counts
         out[going, steps[going]] = token[going]
@@ -429,6 +443,7 @@ def _beam_refilled(
     nbest: int,
     max_len_a: int,
     budget: int,
+    no_repeat_ngram_size: int = 0,
 ):
     """Beam search (as ``beam_search``) over many batches, taking in the next batch's sentences
     as soon as half of the sentences decoding have ended, if their sources fit (``_fits``; see
@@ -465,6 +480,9 @@ def _beam_refilled(
         logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (n K, V)
         logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0,
                           config.pad_id, config.eos_id)  # fmt: skip
+        if no_repeat_ngram_size:
+            history = _histories(out, steps.repeat_interleave(K), config.bos_id)  # (n K, 1 + t')
+            logp = _ban_repeated_ngrams(logp, history, no_repeat_ngram_size, config.eos_id)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
         top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
@@ -527,7 +545,7 @@ def translate_ids(
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
     Once half of a batch's sentences have ended, the next batch's join the decoding (``REFILL``;
-    not with ``no_repeat_ngram_size`` or an attention window, which go batch by batch), as long
+    not with an attention window, which goes batch by batch), as long
     as the sentences decoding together hold at most twice ``max_tokens`` source positions,
     padded to the longest; with float weights the results are those of decoding each sentence
     alone either way.
@@ -541,6 +559,8 @@ def translate_ids(
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if no_repeat_ngram_size < 0:
+        raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
     if not sources:
         return []
     config = model.config
@@ -555,11 +575,12 @@ def translate_ids(
         from .progress import progress_bar
 
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
-    if _refills(model, no_repeat_ngram_size):
+    if _refills(model):
+        n = no_repeat_ngram_size
         if beam == 1 and nbest == 1:
-            finished = _greedy_refilled(model, sources, batches, max_len_a, budget)
+            finished = _greedy_refilled(model, sources, batches, max_len_a, budget, n)
         else:
-            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a, budget)
+            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a, budget, n)
         for i, result in finished:
             results[i] = result if beam == 1 or nbest > 1 else result[0].tokens
             if bar is not None:
