@@ -116,8 +116,8 @@ def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int, eos_id: int) ->
     rows, banned = rows[real], banned[real]
     before = logp[rows, banned]
     logp[rows, banned] = -torch.inf
-    # EOS stays: only a row whose EOS was already ruled out can be left with nothing (checking
-    # every row's V scores took ~1.5 ms a step, as long as the rest of the rule)
+    # a live row's EOS is never banned: only a row whose EOS was already ruled out can be left
+    # with nothing (checking every row's V scores took ~1.5 ms a step, as long as the rest of the rule)
     maybe = (logp[:, eos_id] == -torch.inf).nonzero().squeeze(1)  # (R',)
     if maybe.numel():
         stuck = torch.zeros(logp.size(0), dtype=torch.bool, device=logp.device)  # (R,)

@@ -4,9 +4,11 @@ gives the same tokens with them and without them. Where no C++ compiler is insta
 cannot be built and these tests skip (as with AIAYN_CPU_KERNELS=0, which turns them off); where
 one is (CI), a failed build fails them."""
 
+import inspect
 import math
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -277,43 +279,68 @@ def test_each_checkout_and_torch_installation_builds_in_a_directory_of_its_own(m
     assert len({name, other_checkout, other_venv, other_torch}) == 4
 
 
-def _fake_build(directory: Path, source: Path) -> Path:
-    """A build directory as torch's builder leaves it here, its ninja file naming ``source`` with
-    each space escaped as "$ " (torch escapes nothing else off Windows)."""
+def _fake_build(directory: Path, source: Path, days_unused: float = 31) -> Path:
+    """A build directory with the ninja file torch's builder writes for ``source`` (by torch's own
+    writer where it has the one we know), last loaded ``days_unused`` days ago."""
+    from torch.utils import cpp_extension
+
     directory.mkdir(parents=True)
-    escaped = str(source).replace(" ", "$ ")
-    (directory / "build.ninja").write_text(
-        f"cflags = -O3\n\nbuild decode_kernels.o: compile {escaped}\n\n"
-        f"build {directory.name}.so: link decode_kernels.o\n"
-    )
+    ninja_file = directory / "build.ninja"
+    writer = getattr(cpp_extension, "_write_ninja_file_to_build_library", None)
+    if writer is not None:
+        known = dict(
+            path=str(ninja_file), name=directory.name, sources=[str(source)], extra_cflags=[], extra_cuda_cflags=[],
+            extra_sycl_cflags=[], extra_ldflags=[], extra_include_paths=[], with_cuda=False, with_sycl=False,
+            is_standalone=False,
+        )  # fmt: skip
+        parameters = inspect.signature(writer).parameters
+        writer(**{k: v for k, v in known.items() if k in parameters})
+    else:  # its format as of torch 2.13: a space escaped as "$ "
+        escaped = str(source).replace(" ", "$ ")
+        ninja_file.write_text(
+            f"build decode_kernels.o: compile {escaped}\n\nbuild {directory.name}.so: link decode_kernels.o\n"
+        )
     (directory / f"{directory.name}.so").write_bytes(b"\0" * 64)
+    last_load = time.time() - days_unused * 86400
+    os.utime(directory, (last_load, last_load))
     return directory
 
 
 def test_a_new_build_removes_the_builds_of_checkouts_that_are_gone(tmp_path):
     """Each checkout builds under its own name, so deleted clones (CI runs, scratch copies) would
-    leave their builds in the shared cache for ever; a build whose source still exists, a
-    directory that is not one of ours, and one whose ninja file is missing are kept."""
+    leave their builds in the shared cache for ever. Kept: a build whose source exists, one loaded
+    within ``PRUNE_AFTER_DAYS`` (a cache shared by machines that see different files), one being
+    loaded (torch's ``lock``), one without a ninja file, and a directory that is not ours."""
     root = tmp_path / "torch_extensions"
-    live_source = tmp_path / "a checkout: $kept" / "decode_kernels.cpp"
+    live_source = tmp_path / "a checkout $kept, jörg" / "decode_kernels.cpp"
     live_source.parent.mkdir()
     live_source.write_text("// source")
-    gone = tmp_path / "deleted clone" / "decode_kernels.cpp"  # never created
+    gone = tmp_path / "deleted clone, jörg" / "decode_kernels.cpp"  # never created
     ours = _fake_build(root / "aiayn_cpu_kernels_avx2_000000000000", live_source)
     orphan = _fake_build(root / "aiayn_cpu_kernels_avx2_111111111111", gone)
     orphan_other_cpu = _fake_build(root / "aiayn_cpu_kernels_default_222222222222", gone)
     live = _fake_build(root / "aiayn_cpu_kernels_avx2_333333333333", live_source)
     not_ours = _fake_build(root / "someone_elses_extension", gone)
+    recent = _fake_build(
+        root / "aiayn_cpu_kernels_avx2_555555555555", gone, days_unused=cpu_kernels.PRUNE_AFTER_DAYS - 1
+    )
+    loading = _fake_build(root / "aiayn_cpu_kernels_avx2_666666666666", gone)
+    (loading / "lock").touch()
+    os.utime(loading, (0, 0))
     never_built = root / "aiayn_cpu_kernels_avx2_444444444444"
     never_built.mkdir()  # no build.ninja: a build under way, or one that failed
+    os.utime(never_built, (0, 0))
     assert sorted(cpu_kernels._prune(ours)) == sorted([orphan, orphan_other_cpu])
     assert not orphan.exists() and not orphan_other_cpu.exists()
-    assert ours.exists() and live.exists() and not_ours.exists() and never_built.exists()
+    for kept in (ours, live, not_ours, recent, loading, never_built):
+        assert kept.exists()
     assert cpu_kernels._prune(ours) == []  # nothing left to remove
+    assert cpu_kernels._prune(ours, now=time.time() + 86400 * 2) == [recent]  # its time has come
 
 
-def test_only_a_real_build_prunes(monkeypatch, tmp_path):
-    """Loading a cached build touches nothing else in the cache; a build does prune."""
+def test_only_a_real_build_prunes_and_pruning_never_fails_a_build(monkeypatch, tmp_path):
+    """Loading a cached build touches nothing else in the cache; a build does prune, and an
+    error while pruning leaves the kernels available."""
     from torch.utils import cpp_extension
 
     assert cpu_kernels.available()  # the real ops, loaded: the fake load below leaves them
@@ -327,6 +354,12 @@ def test_only_a_real_build_prunes(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_built", lambda *args: False)
     assert cpu_kernels._build()
     assert not orphan.exists()
+
+    def fails(directory):
+        raise UnicodeDecodeError("utf-8", b"\xf6", 0, 1, "a ninja file in another encoding")
+
+    monkeypatch.setattr(cpu_kernels, "_prune", fails)
+    assert cpu_kernels._build()
 
 
 def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_path(monkeypatch, tmp_path):
@@ -346,12 +379,13 @@ def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_pat
     assert os.environ["PATH"] == path
 
 
-def test_without_a_binary_of_the_packages_own_the_build_keeps_the_path(monkeypatch):
+def test_without_a_binary_of_the_packages_own_the_build_keeps_the_path(monkeypatch, tmp_path):
     """The package sets BIN_DIR to "" when it has no ninja binary: then the PATH stays as it is
     (an empty entry would put the working directory on it)."""
     ninja = pytest.importorskip("ninja")
     from torch.utils import cpp_extension
 
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # the fake build below: not in the user's cache
     seen = []
     monkeypatch.setattr(ninja, "BIN_DIR", "")
     monkeypatch.setattr(cpp_extension, "load", lambda *args, **kwargs: seen.append(os.environ["PATH"]))

@@ -15,7 +15,7 @@ Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a tra
 They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
 20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``,
 one build per checkout and torch installation: ``build_name``; a new build removes those of
-checkouts that are gone: ``_prune``).
+checkouts that are gone and unused for ``PRUNE_AFTER_DAYS``: ``_prune``).
 Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, torch's kernels do
 the work as before. Callers: ``scaled_dot_product_attention`` (``model/attention.py``) and
 ``greedy_decode``; tests check each kernel against its formula.
@@ -33,6 +33,7 @@ import re
 import shutil
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -44,6 +45,7 @@ __all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attenti
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
 MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
 SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
+PRUNE_AFTER_DAYS = 30  # a build of a deleted checkout stays this long after its last load (``_prune``)
 _state: dict[str, bool] = {}  # "ok": whether the build succeeded, once it has been tried
 _lock = threading.Lock()
 log = logging.getLogger("aiayn")
@@ -109,7 +111,10 @@ def _build() -> bool:
         if ninja.BIN_DIR:  # "" where the package found no ninja binary of its own
             os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
     try:
-        cpp_extension.load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False)
+        # the resolved path, as in build_name: a checkout reached through a link names its real source
+        cpp_extension.load(
+            name, [str(SOURCE.resolve())], extra_cflags=cflags, extra_ldflags=ldflags, is_python_module=False
+        )
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         warnings.warn(
@@ -124,8 +129,10 @@ def _build() -> bool:
         else:
             os.environ["PATH"] = path
     if not cached:  # a new build: the time to clear away those of checkouts that are gone
-        with contextlib.suppress(AttributeError, OSError):
+        try:
             _prune(Path(cpp_extension._get_build_directory(name, verbose=False)))
+        except Exception as e:  # housekeeping never stands in the way of decoding
+            log.debug("pruning old CPU kernel builds failed: %r", e)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
@@ -138,7 +145,8 @@ def _built(cpp_extension, name: str) -> bool:
     ~0.2 s); ``build_name`` differs between torch installations and versions, so it is this
     torch's build."""
     try:
-        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+        extension = getattr(cpp_extension, "LIB_EXT", ".so")  # .pyd on Windows
+        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}{extension}"
         return library.stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
@@ -147,32 +155,52 @@ def _built(cpp_extension, name: str) -> bool:
 _BUILD_NAME = re.compile(r"aiayn_cpu_kernels_[a-z0-9]+_[0-9a-f]{12}")
 
 
-def _prune(directory: Path) -> list[Path]:
+def _prune(directory: Path, now: float | None = None) -> list[Path]:
     """Remove the other builds beside ``directory`` (the one just built) whose source file no
-    longer exists: each checkout or venv builds under its own name (``build_name``), so a deleted
-    clone (a CI run's, a scratch copy) leaves ~250 KB that nothing would use again. A build whose
-    ninja file cannot be read or names no source is left alone. Returns the removed directories."""
+    longer exists and that no process has loaded for ``PRUNE_AFTER_DAYS``: each checkout or venv
+    builds under its own name (``build_name``), so a deleted clone (a CI run's, a scratch copy)
+    leaves ~250 KB that nothing would use again. Returns the removed directories.
+
+    Kept: a build loaded within the period (torch creates and removes a ``lock`` file in the
+    directory at every load, so its time is the last load's; a cache shared by machines that
+    see different files is safe that long), one being built or loaded (its ``lock``), one whose
+    source cannot be checked (no permission) and one whose ninja file is missing or names no
+    source. Paths are compared as bytes, as the file system holds them."""
+    now = time.time() if now is None else now
     removed = []
     for other in directory.parent.iterdir():
         if other == directory or not _BUILD_NAME.fullmatch(other.name):
             continue
         try:
-            ninja_file = (other / "build.ninja").read_text()
+            if now - other.stat().st_mtime < PRUNE_AFTER_DAYS * 86400 or (other / "lock").exists():
+                continue
+            ninja_file = (other / "build.ninja").read_bytes()
         except OSError:
             continue
         # "build decode_kernels.o: compile /path/to/decode_kernels.cpp"; torch escapes a space as
         # "$ " and, on Windows, a colon as "$:" (nothing else)
         sources = [
-            re.sub(r"\$([ :])", r"\1", line.split(": compile ", 1)[1].strip())
+            re.sub(rb"\$([ :])", rb"\1", line.split(b": compile ", 1)[1].strip())
             for line in ninja_file.splitlines()
-            if line.startswith("build ") and ": compile " in line
+            if line.startswith(b"build ") and b": compile " in line
         ]
-        if sources and not any(Path(source).exists() for source in sources):
+        if sources and all(_gone(source) for source in sources):
             shutil.rmtree(other, ignore_errors=True)
             removed.append(other)
     if removed:
         log.info("removed %d CPU kernel build(s) of checkouts that no longer exist", len(removed))
     return removed
+
+
+def _gone(path: bytes) -> bool:
+    """Whether nothing is at ``path`` (a file we may not look at is not gone)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
