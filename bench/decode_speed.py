@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -129,6 +130,8 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="with --model: the split (default %(default)s)")
     parser.add_argument("--skip-marian", action="store_true", help="only aiayn rows")
     args = parser.parse_args()
+    if not args.skip_marian and importlib.util.find_spec("transformers") is None:
+        parser.error("the peer needs Hugging Face transformers: pip install transformers (or --skip-marian)")
     L = args.length
     info = machine()
     peak = matmul_peak()

@@ -43,6 +43,9 @@ def test_averaging_copies_of_one_checkpoint_gives_it_exactly(tmp_path):
 def test_a_broken_or_different_later_checkpoint_is_an_error_naming_it(tmp_path):
     first, second = _save(tmp_path, 0), _save(tmp_path, 1)
     wider = _save(tmp_path, 2, d_model=24, d_ff=48)  # the same tensor names, other shapes
+    with pytest.raises(ValueError, match=rf"{wider / 'config.json'}: another model than .* d_model 24 \(not 32\)"):
+        average_checkpoints([first, wider])
+    (wider / "config.json").write_bytes((first / "config.json").read_bytes())  # a config that does not tell
     with pytest.raises(ValueError, match=rf"{wider / 'model.safetensors'}: .* has shape .* in {first}"):
         average_checkpoints([first, wider])
     (second / "model.safetensors").write_bytes((first / "model.safetensors").read_bytes()[:200])  # cut short
@@ -79,3 +82,31 @@ def test_trainer_averages_the_last_n_checkpoints(tmp_path):
         assert torch.allclose(tensor.double(), expected, atol=1e-6), name
     name = "decoder.layers.0.feed_forward.linear1.weight"
     assert not torch.equal(final[name], weights[-1][name])  # not simply the last checkpoint
+
+
+def test_checkpoints_of_another_config_are_an_error_even_when_every_shape_matches(tmp_path):
+    first = _save(tmp_path, 0)  # tiny: h 4, ReLU
+    heads = _save(tmp_path, 1, h=2)  # the same tensors and shapes: only the heads' split differs
+    with pytest.raises(ValueError, match=rf"{heads / 'config.json'}: another model than {first / 'config.json'}: h 2"):
+        average_checkpoints([first, heads])
+    gelu = _save(tmp_path, 2, activation="gelu")
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        average_checkpoints([first, gelu])
+    dropout = _save(tmp_path, 3, P_drop=0.3)  # dropout does not change the function at inference
+    assert average_checkpoints([first, dropout]).config.P_drop == ModelConfig.tiny(vocab_size=20).P_drop
+
+
+def test_average_command_refuses_checkpoints_with_other_tokenizers(tmp_path, capsys):
+    from aiayn.cli import main
+    from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
+
+    first, second = _save(tmp_path, 0), _save(tmp_path, 1)
+    Tokenizer.train(["ein Haus", "das Haus"] * 5, vocab_size=270).save(first / TOKENIZER_NAME)
+    Tokenizer.train(["ein Haus", "das Haus"] * 5, vocab_size=270).save(second / TOKENIZER_NAME)
+    assert main(["average", str(first), str(second), "--out", str(tmp_path / "same")]) == 0
+    assert (tmp_path / "same" / TOKENIZER_NAME).read_text() == (first / TOKENIZER_NAME).read_text()
+    Tokenizer.train(["eine Katze", "die Katze"] * 5, vocab_size=270).save(second / TOKENIZER_NAME)
+    assert main(["average", str(first), str(second), "--out", str(tmp_path / "mixed")]) == 1
+    err = capsys.readouterr().err
+    assert f"{second / TOKENIZER_NAME}: another tokenizer than {first / TOKENIZER_NAME}" in err
+    assert not (tmp_path / "mixed").exists()

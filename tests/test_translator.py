@@ -454,3 +454,95 @@ def test_perplexity_is_exp_of_the_mean_token_nll(model_dir):
     expected = torch.tensor(total / count).exp().item()
     got = translator.perplexity(["Das Haus ist groß.", "Der Hund."], ["The house is big.", "The dog."])
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_perplexity_takes_a_pair_longer_than_max_tokens_in_a_batch_of_its_own(model_dir, tmp_path, capsys):
+    translator = Translator.from_pretrained(model_dir)
+    sources = ["Das Haus ist groß. Die Katze schläft. Der Hund bellt laut.", "Der Hund."]
+    references = ["The house is big. The cat is asleep. The dog barks loudly.", "The dog."]
+    assert len(translator.tokenizer.encode(references[0])) > 16
+    expected = translator.perplexity(sources, references)  # one batch
+    assert translator.perplexity(sources, references, max_tokens=16) == pytest.approx(expected, rel=1e-5)
+    src, ref, hyp = tmp_path / "long.de", tmp_path / "long.en", tmp_path / "long.hyp"
+    src.write_text("".join(s + "\n" for s in sources))
+    ref.write_text("".join(r + "\n" for r in references))
+    flags = ["--src", str(src), "--ref", str(ref), "--max-tokens", "16", "--output", str(hyp), "--beam", "1"]
+    assert main(["evaluate", "--model", str(model_dir), *flags]) == 0
+    assert f"perplexity of the references: {expected:.2f}" in capsys.readouterr().out
+    assert hyp.read_text().split("\n")[:-1] == [_one_line(t) for t in translator.translate(sources, beam=1)]
+
+
+def test_truncation_warnings_point_at_the_callers_line(model_dir):
+    translator = Translator.from_pretrained(model_dir)
+    long = " ".join(["Das Haus ist groß."] * 20)
+    for call in (
+        lambda: translator.translate([long], beam=1),
+        lambda: list(translator.translate_stream([long], beam=1)),
+        lambda: translator.encode([long]),
+        lambda: translator.perplexity([long], ["The house."]),
+    ):
+        with pytest.warns(UserWarning, match="truncated") as record:
+            call()
+        assert [w.filename for w in record] == [__file__]
+
+
+def test_translate_stream_refuses_one_string(model_dir):
+    with pytest.raises(TypeError, match="not one string"):
+        list(Translator.from_pretrained(model_dir).translate_stream("Das Haus ist groß."))
+
+
+def test_a_tokenizer_larger_than_the_model_is_a_one_line_error_naming_it(model_dir, tmp_path, capsys):
+    import shutil
+
+    bigger = tmp_path / "bigger"
+    shutil.copytree(model_dir, bigger)
+    Tokenizer.train([*SENTENCES, "Zufall über Zufall, Wörter über Wörter."] * 4, vocab_size=400).save(
+        bigger / TOKENIZER_NAME
+    )
+    assert Tokenizer.load(bigger / TOKENIZER_NAME).vocab_size > Transformer.from_pretrained(bigger).config.vocab_size
+    for command in (["translate", "--model", str(bigger), "Zufall."], ["attention", "--model", str(bigger), "Zufall."]):
+        assert main([*command, "--out", str(tmp_path / "a.png")] if command[0] == "attention" else command) == 1
+        err = capsys.readouterr().err
+        assert f"{bigger / TOKENIZER_NAME}: the tokenizer has" in err and "Traceback" not in err
+
+
+def test_a_broken_tokenizer_is_named_once(model_dir, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / TOKENIZER_NAME).write_text('{"x": 1}')
+    assert main(["translate", "--model", str(broken), "Das Haus."]) == 1
+    err = capsys.readouterr().err
+    assert err.count(str(broken / TOKENIZER_NAME)) == 1 and "not a valid tokenizer file" in err
+
+
+def test_closed_stdin_is_a_one_line_error(model_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["translate", "--model", str(model_dir)]) == 1
+    assert "stdin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["translate", "--alpha", "nan", "x"], "is not a finite number"),
+        (["translate", "--alpha", "inf", "x"], "is not a finite number"),
+        (["translate", "--max-len-a", "-1", "x"], "is not an integer >= 0"),
+        (["translate", "--no-repeat-ngram-size", "-1", "x"], "is not an integer >= 0"),
+        (["evaluate", "--samples", "-1", "--split", "test"], "is not an integer >= 0"),
+    ],
+)
+def test_nonsense_option_values_are_usage_errors(model_dir, capsys, command, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command[0], "--model", str(model_dir), *command[1:]])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_max_len_a_beyond_the_model_is_an_error_not_an_allocation(model_dir, capsys):
+    assert main(["translate", "--model", str(model_dir), "--max-len-a", "100000000", "Das Haus."]) == 1
+    assert "max_len_a must be between 0 and 1024" in capsys.readouterr().err
+    translator = Translator.from_pretrained(model_dir)
+    with pytest.raises(ValueError, match="max_len_a"):
+        translator.translate(["Das Haus."], max_len_a=1025, beam=1)
+    assert len(translator.translate(["Das Haus."], max_len_a=1024, beam=1, max_tokens=8)) == 1  # the largest

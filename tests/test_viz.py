@@ -318,6 +318,9 @@ def test_plot_pe_and_lr_commands(tmp_path, capsys, monkeypatch):
     assert "--length belongs to `aiayn plot pe`" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "no-run")]) == 1  # a run directory, still
     assert "metrics.jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # not silently the default range
+        main(["plot", "lr", "--steps", "0", "--out", str(lr)])
+    assert exit_info.value.code == 2 and "'0' is not a positive integer" in capsys.readouterr().err
 
 
 def test_plot_help_explains_the_reserved_words(capsys):

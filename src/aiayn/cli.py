@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -81,7 +82,7 @@ def _load_model(directory: str, architecture: str = "Transformer"):
     from .data.tokenizer import TOKENIZER_NAME, Tokenizer
 
     model = getattr(models, architecture).from_pretrained(directory).eval()
-    return model, Tokenizer.load(Path(directory) / TOKENIZER_NAME)
+    return model, Tokenizer.load(Path(directory) / TOKENIZER_NAME, model.config.vocab_size)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -135,9 +136,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     ngram = f", no n-gram of {args.no_repeat_ngram_size} twice" if args.no_repeat_ngram_size else ""
     print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}{ngram}) in {seconds:.1f} s")
     print(scores)
-    print(f"perplexity of the references: {translator.perplexity(sources, references, args.max_tokens):.2f}")
-    if args.output:
+    if args.output:  # before the perplexity, so that a failure there loses no translations
         Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    print(f"perplexity of the references: {translator.perplexity(sources, references, args.max_tokens):.2f}")
     for source, hypothesis, reference in list(zip(sources, hypotheses, references, strict=True))[: args.samples]:
         print(f"\n  source:      {source}\n  translation: {hypothesis}\n  reference:   {reference}")
     return 0
@@ -159,6 +160,8 @@ def _translate(args: argparse.Namespace) -> int:
             total = count_lines(args.input) if os.path.isfile(args.input) else None
             sources = read_lines(stream, args.input)
         else:  # read as it comes: a pipe is translated while it is being written
+            if sys.stdin is None:
+                raise ValueError("no input: give sentences as arguments, --input FILE, or lines on stdin (closed)")
             stdin = getattr(sys.stdin, "buffer", None) or (line.encode("utf-8") for line in sys.stdin)
             sources, total, interactive = read_lines(stdin, "<stdin>"), None, sys.stdin.isatty()
         return _print_translations(translator, sources, total, interactive, args)
@@ -243,7 +246,7 @@ def _plot(args: argparse.Namespace) -> int:
         run = RunConfig.from_yaml(args.config) if args.config else RunConfig()  # no config: the paper's base
         out = args.out or "lr.png"
         d_model = run.model_config(run.train.vocab_size).d_model
-        steps = args.steps or run.train.max_steps
+        steps = args.steps if args.steps is not None else run.train.max_steps
         viz.plot_schedule(d_model, run.train.warmup, run.train.lr_scale, steps=steps, out=out)
     print(f"written {out}")
     return 0
@@ -267,13 +270,32 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,2") from None
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(minimum: int, words: str):
+    """An argparse type: an integer >= ``minimum``; ``words`` name it in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_nonnegative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _finite_float(text: str) -> float:
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 
 
@@ -291,10 +313,19 @@ def _average(args: argparse.Namespace) -> int:
     from .data.tokenizer import TOKENIZER_NAME, Tokenizer
 
     model = average_checkpoints(args.checkpoints)
+    # the checkpoints' tokenizers must agree: the averaged model reads ids the same way
+    tokenizer, first = None, None
+    for path in args.checkpoints:
+        file = Path(path) / TOKENIZER_NAME
+        if file.is_file():
+            other = Tokenizer.load(file)
+            if tokenizer is None:
+                tokenizer, first = other, file
+            elif other.hf.to_str() != tokenizer.hf.to_str():
+                raise ValueError(f"{file}: another tokenizer than {first}")
     model.save_pretrained(args.out, averaged=[str(p) for p in args.checkpoints])
-    tokenizer = Path(args.checkpoints[-1]) / TOKENIZER_NAME
-    if tokenizer.is_file():
-        Tokenizer.load(tokenizer).save(Path(args.out) / TOKENIZER_NAME)
+    if tokenizer is not None:
+        tokenizer.save(Path(args.out) / TOKENIZER_NAME)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
@@ -303,16 +334,19 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--beam", type=_positive_int, default=4, help="beam size, 1 = greedy (default %(default)s, §6.1)"
     )
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default %(default)s)")
+    parser.add_argument("--alpha", type=_finite_float, default=0.6, help="length penalty alpha (default %(default)s)")
     parser.add_argument(
-        "--max-len-a", type=int, default=50, help="outputs may be this many tokens longer than the source (%(default)s)"
+        "--max-len-a",
+        type=_nonnegative_int,
+        default=50,
+        help="outputs may be this many tokens longer than the source (%(default)s)",
     )
     parser.add_argument(
         "--max-tokens", type=_positive_int, default=4096, help="source tokens per batch (default %(default)s)"
     )
     parser.add_argument(
         "--no-repeat-ngram-size",
-        type=int,
+        type=_nonnegative_int,
         default=0,
         metavar="N",
         help="no n-gram of N tokens twice in an output (default 0: off; not in the paper)",
@@ -363,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--src", help="source sentences, one per line (instead of --split)")
     evaluate.add_argument("--ref", help="reference translations, one per line (with --src)")
     evaluate.add_argument("--output", help="write the translations here")
-    evaluate.add_argument("--samples", type=int, default=0, help="print this many example translations")
+    evaluate.add_argument("--samples", type=_nonnegative_int, default=0, help="print this many example translations")
     _add_search_arguments(evaluate)
     evaluate.set_defaults(func=_evaluate)
 
@@ -428,7 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="FILE", help="YAML preset: its d_model, warmup, lr_scale (default: the paper's)"
     )
     lr.add_argument(
-        "--steps", type=int, metavar="N", help="steps on the x axis (default train.max_steps, else 10 × warmup)"
+        "--steps",
+        type=_positive_int,
+        metavar="N",
+        help="steps on the x axis (default train.max_steps, else 10 × warmup)",
     )
     plot.set_defaults(func=_plot)
 

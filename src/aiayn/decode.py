@@ -527,6 +527,9 @@ def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, d
     return src.to(device)
 
 
+MAX_LEN_A = 1024  # translate_ids' largest max_len_a, unless the model's max_len is larger
+
+
 @torch.no_grad()
 def translate_ids(
     model: Transformer,
@@ -561,9 +564,12 @@ def translate_ids(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if no_repeat_ngram_size < 0:
         raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
+    config = model.config
+    longest = max(config.max_len, MAX_LEN_A)
+    if not 0 <= max_len_a <= longest:  # the caches are reserved for the longest output
+        raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
     if not sources:
         return []
-    config = model.config
     device = next(model.parameters()).device
     lengths = [(len(s) + 1, 0) for s in sources]  # source positions, EOS included
     # a sentence longer than a batch gets a batch of its own

@@ -49,13 +49,7 @@ class Translator:
         """
         directory = Path(directory)
         model = Transformer.from_pretrained(directory, device=device)
-        path = directory / TOKENIZER_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file (a model directory needs {TOKENIZER_NAME})")
-        try:
-            tokenizer = Tokenizer.load(path)
-        except Exception as e:  # the tokenizers library raises its own exception types
-            raise ValueError(f"{path}: not a readable tokenizer file: {e}") from None
+        tokenizer = Tokenizer.load(directory / TOKENIZER_NAME, model.config.vocab_size)
         if quantize is not None:
             if quantize != "int8":
                 raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
@@ -74,7 +68,7 @@ class Translator:
     def encode(self, sentences: Sequence[str]) -> list[list[int]]:
         """Token ids of each sentence, truncated to ``max_source_tokens`` (with a warning)."""
         ids, too_long = self._encode(sentences)
-        self._warn_truncated(too_long)
+        self._warn_truncated(too_long, no_grad=False)
         return ids
 
     def _encode(self, sentences: Sequence[str]) -> tuple[list[list[int]], int]:
@@ -83,10 +77,13 @@ class Translator:
         limit = self.max_source_tokens
         return [x[:limit] for x in ids], sum(len(x) > limit for x in ids)
 
-    def _warn_truncated(self, too_long: int) -> None:
+    def _warn_truncated(self, too_long: int, what: str = "input(s)", no_grad: bool = True) -> None:
+        """Warn of ``too_long`` truncated lines, attributed to the caller of the public method
+        that called this one (``no_grad``: through ``torch.no_grad``'s wrapper, one frame more)."""
         if too_long:
             limit = self.max_source_tokens
-            warnings.warn(f"{too_long} input(s) longer than the model's {limit} tokens were truncated", stacklevel=3)
+            message = f"{too_long} {what} longer than the model's {limit} tokens were truncated"
+            warnings.warn(message, stacklevel=4 if no_grad else 3)
 
     @torch.no_grad()
     def translate(
@@ -160,6 +157,8 @@ class Translator:
         all buffers, counting sentences, of ``total`` (default: ``len(sentences)`` when it has
         one). Inputs longer than the model takes are truncated, with one warning at the end.
         """
+        if isinstance(sentences, str):
+            raise TypeError("translate_stream takes an iterable of sentences, not one string")
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
         if total is None and isinstance(sentences, Sized):
@@ -186,7 +185,7 @@ class Translator:
         finally:
             if bar is not None:
                 bar.close()
-        self._warn_truncated(too_long)
+        self._warn_truncated(too_long, no_grad=False)  # from the generator: the frame that iterates
 
     def _translate_buffer(self, buffer: list[str], bar: Any, search: dict) -> tuple[list, int]:
         """One buffer of ``translate_stream``: results and truncations; empty lines advance the bar."""
@@ -200,6 +199,8 @@ class Translator:
         """exp(mean NLL per reference token, EOS included) under teacher forcing."""
         from .train.trainer import evaluate_loss
 
-        pairs = list(zip(self.encode(sources), self.encode(references), strict=True))
+        (source_ids, long_sources), (reference_ids, long_references) = self._encode(sources), self._encode(references)
+        self._warn_truncated(long_sources + long_references, what="source or reference line(s) of the perplexity")
+        pairs = list(zip(source_ids, reference_ids, strict=True))
         device = next(self.model.parameters()).device
         return evaluate_loss(self.model, pairs, max_tokens, device)[1]

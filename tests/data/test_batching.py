@@ -104,3 +104,11 @@ def test_padding_under_10_percent_on_ding_train(tmp_path):
         fraction = padding_fraction(lengths, batcher.batches)
         print(f"max_tokens {max_tokens}: {len(batcher)} batches, padding {fraction:.2%}")
         assert fraction < 0.10
+
+
+def test_for_evaluation_an_example_longer_than_max_tokens_gets_a_batch_of_its_own():
+    lengths = [(3, 3), (50, 4), (4, 2), (30, 40), (2, 2)]
+    batches = TokenBatcher(lengths, max_tokens=20, shuffle=False, long_alone=True).batches
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
+    assert [1] in batches and [3] in batches
+    assert all(len(b) * max(max(lengths[i]) for i in b) <= 20 for b in batches if b not in ([1], [3]))

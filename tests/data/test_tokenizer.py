@@ -79,3 +79,26 @@ def test_pieces_are_readable_and_spell_the_text(tokenizer):
     assert tokenizer.pieces(tokenizer.encode("日"))[-3:] == ["\\xe6", "\\x97", "\\xa5"]
     with pytest.raises(ValueError, match="no token has id"):
         tokenizer.pieces([tokenizer.vocab_size])
+
+
+@pytest.mark.parametrize("text", ["Das ist <s>falsch</s> richtig.", "a <pad> b <unk> c", "<s>", "x</s>"])
+def test_special_tokens_written_in_a_text_are_text(tokenizer, text):
+    """Only ids can be control tokens: "<s>" in an input is three characters, or a translation
+    would hold a BOS and an EOS in its source, and "<pad>" would be masked as padding."""
+    ids = tokenizer.encode(text)
+    assert all(i >= len(SPECIAL_TOKENS) for i in ids), ids
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.encode_batch([text, "ok"])[0] == ids
+    assert "".join(tokenizer.tokens(text)).replace("Ġ", " ").strip() == text
+
+
+def test_a_literal_mask_still_encodes_as_the_mask_token(tokenizer):
+    ids = tokenizer.encode("Es war <mask> Zufall, <s>.")
+    assert ids.count(tokenizer.mask_id) == 1 and min(i for i in ids if i != tokenizer.mask_id) >= len(SPECIAL_TOKENS)
+
+
+def test_a_tokenizer_larger_than_the_model_is_an_error_naming_the_file(tokenizer, tmp_path):
+    tokenizer.save(tmp_path / "tokenizer.json")
+    assert Tokenizer.load(tmp_path / "tokenizer.json", tokenizer.vocab_size).vocab_size == tokenizer.vocab_size
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'tokenizer.json'}: the tokenizer has {tokenizer.vocab_size}"):
+        Tokenizer.load(tmp_path / "tokenizer.json", tokenizer.vocab_size - 1)

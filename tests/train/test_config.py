@@ -67,3 +67,10 @@ def test_yaml_errors_name_the_file(tmp_path):
 def test_override_needs_a_value():
     with pytest.raises(ValueError, match="needs a value"):
         parse_overrides(["--train.max_steps"])
+
+
+def test_a_config_that_is_not_utf8_is_an_error_naming_the_file(tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfetrain:\n")
+    with pytest.raises(ValueError, match=rf"{binary}: not UTF-8 text"):
+        RunConfig.from_yaml(binary)

@@ -108,13 +108,22 @@ class TokenBatcher:
         max_tokens: the most ``sentences × longest`` positions per batch, on each side.
         seed: fixes the tie-breaking of the sort and every epoch's batch order.
         shuffle: shuffle the batch order each epoch (off for evaluation).
+        long_alone: an example longer than ``max_tokens`` gets a batch of its own (evaluation,
+            translation) instead of being an error (training).
     """
 
-    def __init__(self, lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self,
+        lengths: Sequence[tuple[int, int]],
+        max_tokens: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        long_alone: bool = False,
+    ):
         if not lengths:
             raise ValueError("no examples to batch")
         too_long = [i for i, (s, t) in enumerate(lengths) if max(s, t) > max_tokens]
-        if too_long:
+        if too_long and not long_alone:
             raise ValueError(f"{len(too_long)} examples are longer than max_tokens={max_tokens} on their own")
         self.seed, self.shuffle = seed, shuffle
         tie_break = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()

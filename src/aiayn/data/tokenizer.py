@@ -51,6 +51,9 @@ class Tokenizer:
         for i, token in enumerate(SPECIAL_TOKENS):
             if hf.token_to_id(token) != i:
                 raise ValueError(f"tokenizer: special token {token} must have id {i}")
+        # literal "<s>", "</s>", "<pad>", "<unk>" in a text are text (bytes), not control tokens;
+        # "<mask>" is split out by hand where wanted (``_encode_masked``)
+        hf.encode_special_tokens = True
         self.hf = hf
         self._continuation: HFTokenizer | None = None  # the same BPE without the prefix space
 
@@ -93,6 +96,7 @@ class Tokenizer:
         if self._continuation is None:
             self._continuation = HFTokenizer.from_str(self.hf.to_str())
             self._continuation.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            self._continuation.encode_special_tokens = True
         ids: list[int] = []
         tokens: list[str] = []
         for i, piece in enumerate(_SPACE_BEFORE_MASK.sub("", text).split(MASK_TOKEN)):
@@ -143,11 +147,18 @@ class Tokenizer:
         atomic_write(path, lambda tmp: self.hf.save(tmp))
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
+    def load(cls, path: str | Path, model_vocab_size: int | None = None) -> Tokenizer:
+        """Read ``tokenizer.json``; with ``model_vocab_size``, a tokenizer with more tokens than
+        the model has embeddings is an error (naming the file), not an index error later."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (a model directory needs {TOKENIZER_NAME})")
         try:
-            return cls(HFTokenizer.from_file(str(path)))
+            tokenizer = cls(HFTokenizer.from_file(str(path)))
         except Exception as e:  # tokenizers raises plain Exceptions for bad files
             raise ValueError(f"{path}: not a valid tokenizer file: {e}") from None
+        if model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size:
+            raise ValueError(
+                f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {model_vocab_size}"
+            )
+        return tokenizer

@@ -154,7 +154,7 @@ class ModelConfig:
         """Read ``config.json``; returns the config and the metadata stored beside it."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: no such file (a model directory needs config.json)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -174,9 +174,11 @@ class RunConfig:
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: no such config file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except yaml.YAMLError as e:
             raise ValueError(f"{path}: not valid YAML: {e}") from None
         for key, value in (overrides or {}).items():

@@ -122,11 +122,12 @@ def evaluate_loss(
 ) -> tuple[float, float]:
     """Label-smoothing-free per-token NLL and perplexity of ``examples`` under ``objective``
     (default: translation). For the masked LM these are of the masked positions, chosen the
-    same way at every evaluation (seeded by the batch), so that evaluations compare."""
+    same way at every evaluation (seeded by the batch), so that evaluations compare. An example
+    longer than ``max_tokens`` is evaluated in a batch of its own."""
     objective = objective or Translation()
     training = model.training
     model.eval()
-    batcher = TokenBatcher(objective.lengths(examples), max_tokens, shuffle=False)
+    batcher = TokenBatcher(objective.lengths(examples), max_tokens, shuffle=False, long_alone=True)
     nll_sum, tokens = 0.0, 0
     for i, indices in enumerate(batcher.epoch(0)):
         batch = objective.collate([examples[j] for j in indices], model.config, seed=i).to(device)
