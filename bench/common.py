@@ -16,16 +16,27 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> dict:
+    """What the numbers were measured on. A "model name" such as "AMD EPYC" can hide different
+    chips: the CPU family and model and torch's vector capability (AVX2, AVX512; VNNI speeds up
+    int8) tell them apart."""
     cpu = platform.processor() or platform.machine()
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in info:
+                info[key] = value.strip()
+            if key == "flags" and "vnni" not in info:
+                info["vnni"] = str("avx512_vnni" in value.split() or "avx_vnni" in value.split())
     except OSError:
         pass
+    cpu = info.get("model name", cpu)
     return {
         "cpu": cpu,
+        "cpu_family_model": f"{info['cpu family']}/{info['model']}" if {"cpu family", "model"} <= info.keys() else None,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "vnni": info.get("vnni") == "True",
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
