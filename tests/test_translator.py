@@ -546,3 +546,23 @@ def test_max_len_a_beyond_the_model_is_an_error_not_an_allocation(model_dir, cap
     with pytest.raises(ValueError, match="max_len_a"):
         translator.translate(["Das Haus."], max_len_a=1025, beam=1)
     assert len(translator.translate(["Das Haus."], max_len_a=1024, beam=1, max_tokens=8)) == 1  # the largest
+
+
+def test_the_progress_bar_counts_every_line_empty_ones_included(model_dir, monkeypatch):
+    import io
+
+    from aiayn import progress
+
+    bars = []
+    real = progress.progress_bar
+    monkeypatch.setattr(progress, "progress_bar", lambda **kw: bars.append(real(**kw, file=io.StringIO())) or bars[-1])
+    Translator.from_pretrained(model_dir).translate(["Das Haus.", "", "  ", "Der Hund."], beam=1, progress=True)
+    assert len(bars) == 1 and bars[0].total == 4 and bars[0].n == 4
+
+
+def test_an_unknown_option_is_a_usage_error_of_its_command(model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "--model", str(model_dir), "--bogus", "x"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "aiayn translate: error: unrecognized arguments: --bogus" in err
+    assert "usage: aiayn translate" in err

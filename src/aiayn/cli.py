@@ -507,11 +507,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     copy = sub.add_parser("copy-task", help="train a tiny model to copy random sequences and report its accuracy")
     defaults = CopyTask()
-    copy.add_argument("--steps", type=int, default=defaults.steps, help="training steps (default %(default)s)")
-    copy.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per step (%(default)s)")
+    copy.add_argument(
+        "--steps", type=_nonnegative_int, default=defaults.steps, help="training steps (default %(default)s)"
+    )
+    copy.add_argument(
+        "--batch-size", type=_positive_int, default=defaults.batch_size, help="sequences per step (%(default)s)"
+    )
     copy.add_argument("--seed", type=int, default=defaults.seed, help="random seed (default %(default)s)")
     copy.add_argument("--out", help="save the trained model to this directory")
     copy.set_defaults(func=_copy_task)
+    for command in sub.choices.values():  # so that a usage error names the command, with its usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -519,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "takes_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
 
     def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
         print(f"aiayn {args.command}: warning: {message}", file=sys.stderr)

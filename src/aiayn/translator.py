@@ -115,7 +115,19 @@ class Translator:
             max_len_a=max_len_a,
             no_repeat_ngram_size=no_repeat_ngram_size,
         )
-        results, too_long = self._translate(sentences, progress, **search)
+        if isinstance(sentences, str):
+            raise TypeError("translate takes a list of sentences, not one string")
+        bar = progress
+        if progress is True:  # one bar over every line, the empty ones (not run through the model) included
+            from .progress import progress_bar
+
+            bar = progress_bar(total=len(sentences), desc="translate", unit="sent")
+            bar.update(sum(1 for s in sentences if not s.strip()))
+        try:
+            results, too_long = self._translate(sentences, bar, **search)
+        finally:
+            if progress is True:
+                bar.close()
         self._warn_truncated(too_long)
         return results
 
@@ -124,8 +136,6 @@ class Translator:
     ) -> tuple[list, int]:
         """``translate``'s results, and how many inputs were truncated (not warned of here);
         ``search``: ``translate_ids``' keyword arguments."""
-        if isinstance(sentences, str):
-            raise TypeError("translate takes a list of sentences, not one string")
         keep = [i for i, s in enumerate(sentences) if s.strip()]
         sources, too_long = self._encode([sentences[i] for i in keep])
         out = translate_ids(self.model, sources, nbest=nbest, progress=progress, **search)
