@@ -40,9 +40,9 @@ class CopyTask:
     average_every: int = 20  # steps between them, the last one at the final step
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "average_last", "average_every"):
-            if getattr(self, name) < (0 if name == "steps" else 1):
-                raise ValueError(f"CopyTask.{name} must be >= {0 if name == 'steps' else 1}, got {getattr(self, name)}")
+        for name, least in (("steps", 0), ("batch_size", 1), ("average_last", 1), ("average_every", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"CopyTask.{name} must be >= {least}, got {getattr(self, name)}")
 
 
 def copy_task_batch(batch_size: int, length: int, vocab_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
