@@ -117,17 +117,13 @@ class Translator:
         )
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not one string")
-        bar = progress
-        if progress is True:  # one bar over every line, the empty ones (not run through the model) included
+        if progress is not True:  # no bar, or a caller's bar (advanced by the sentences that end)
+            results, too_long = self._translate(sentences, progress, **search)
+        else:  # one bar over every line, the empty ones included, as translate_stream's
             from .progress import progress_bar
 
-            bar = progress_bar(total=len(sentences), desc="translate", unit="sent")
-            bar.update(sum(1 for s in sentences if not s.strip()))
-        try:
-            results, too_long = self._translate(sentences, bar, **search)
-        finally:
-            if progress is True:
-                bar.close()
+            with progress_bar(total=len(sentences), desc="translate", unit="sent") as bar:
+                results, too_long = self._translate_buffer(list(sentences), bar, search)
         self._warn_truncated(too_long)
         return results
 
