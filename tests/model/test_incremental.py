@@ -2,7 +2,9 @@
 bit-identical logits and caches, for both norms and activations, beams sharing the source K/V,
 padded sources and prompts, windowed attention, reordered caches, decoder-only and int8
 models, large batches, autocast and torch's attention; and it serves exactly the calls it
-claims to (decoding steps in eval mode without autograd), the module path the rest.
+claims to (decoding steps in eval mode without autograd), the module path the rest. Every test
+runs with each of the CPU's float32 products (``model/linear.py``): MKL's, and oneDNN's on packed
+weights with the feed-forward's ReLU inside the product.
 (tests/model/test_cache.py checks the cached steps, fast path included, against teacher forcing.)"""
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from aiayn import DecoderOnly, ModelConfig, Transformer
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.model import incremental
+from aiayn.model import linear as linear_module
 from aiayn.model.linear import SMALL_ROWS
 from aiayn.quantize import quantize_int8
 
@@ -24,6 +27,18 @@ VARIANTS = {
     "dropout (eval mode)": {"P_drop": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.1},
     "windowed attention": {"attention_window": 3},  # a self-attention mask at every step
 }
+
+
+@pytest.fixture(
+    autouse=True,
+    params=[
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")),
+    ],
+    ids=["mkl", "onednn"],
+)
+def products(request, monkeypatch):
+    monkeypatch.setattr(linear_module, "PACKED", request.param)
 
 
 def build(cls=Transformer, seed: int = 0, **overrides):
@@ -128,6 +143,17 @@ def test_batches_above_the_transposed_products_rows_are_bit_identical(monkeypatc
     assert torch.equal(
         decode_steps(model, src, tgt, True, monkeypatch)[0], decode_steps(model, src, tgt, False, monkeypatch)[0]
     )
+
+
+def test_a_model_made_under_inference_mode_is_bit_identical(monkeypatch):
+    """Its weights have no version counter, so no packed copies: both paths take MKL's products."""
+    with torch.inference_mode():
+        model = build()
+    src = source()
+    tgt = torch.randint(3, V, (4, 5), generator=torch.Generator().manual_seed(8))
+    fast, _ = decode_steps(model, src, tgt, True, monkeypatch)
+    slow, _ = decode_steps(model, src, tgt, False, monkeypatch)
+    assert torch.equal(fast, slow)
 
 
 def test_torchs_attention_serves_when_the_kernels_are_off(monkeypatch):

@@ -12,8 +12,8 @@ eval mode. That is a large share of a small model's step: with the Ding preset's
 (d_model 128, N 3) ``step`` makes greedy translation of the Ding test split 1.12x faster
 (1.24x on its first 256 lines) and beam 4 1.02-1.10x; at the base shape 1.01-1.04x, where the
 products dominate (docs/benchmarks.md). ``step`` runs the same arithmetic in the same order,
-with each decision taken once a step instead of once a call: the products in the orientation
-``model/linear.py`` would choose, attention by the CPU kernel where ``cpu_kernels.eligible``
+with each decision taken once a step instead of once a call: the products computed as
+``model/linear.py`` would compute them, attention by the CPU kernel where ``cpu_kernels.eligible``
 holds for the first layer (the layers share their shapes, dtypes and cache layouts), and the
 residual and layer norm of post-norm or pre-norm (``ResidualNorm``) without the dropout
 modules. Its results are bit-identical to ``Decoder.forward`` (tests compare them for both
@@ -41,7 +41,7 @@ from . import cpu_kernels
 from .attention import AttentionCache, KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .feed_forward import PositionwiseFeedForward
 from .layers import ResidualNorm
-from .linear import Linear, takes_transposed, transposed
+from .linear import Linear, inference_path, packed_linear, transposed
 
 __all__ = ["enabled", "applies", "step"]
 
@@ -71,7 +71,7 @@ def step(decoder: nn.Module, x: Tensor, self_mask: Tensor | None, memory_mask: T
     """
     B = x.size(0)
     x = x.reshape(B, x.size(-1))  # (B, d_model)
-    plan = _Plan(takes_transposed(x))
+    plan = _Plan(inference_path(x))
     for i, layer in enumerate(decoder.layers):
         norm = layer.self_attn_norm
         x = _after(norm, x, _self_attention(layer.self_attn, _before(norm, x), cache.self_attn[i], self_mask, plan))
@@ -87,12 +87,12 @@ def step(decoder: nn.Module, x: Tensor, self_mask: Tensor | None, memory_mask: T
 
 
 class _Plan:
-    """The decisions of one step: the products' orientation (``linear.takes_transposed``) and,
+    """The decisions of one step: how the float32 products run (``linear.inference_path``) and,
     once known at the first layer, whether the CPU attention kernel serves self- and
     encoder-decoder attention."""
 
-    def __init__(self, small: bool) -> None:
-        self.small = small
+    def __init__(self, path: str) -> None:
+        self.path = path
         self.kernel: dict[str, bool] = {}
 
     def attend(self, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -104,11 +104,15 @@ class _Plan:
             return cpu_kernels.decode_attention(q, k, v, mask)
         return scaled_dot_product_attention(q, k, v, mask)[0]
 
-    def project(self, module: nn.Module, x: Tensor) -> Tensor:
-        """``module(x)`` for a linear layer: ``(B, d_in) -> (B, d_out)``."""
-        if self.small and type(module) is Linear and module.weight.dtype == torch.float32:
-            return transposed(x, module.weight, module.bias)
-        return module(x)  # int8 (quantized) layers, large batches, other devices and dtypes
+    def project(self, module: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
+        """``module(x)`` for a linear layer, then max(0, ·) if ``relu`` (in place, or inside
+        oneDNN's product): ``(B, d_in) -> (B, d_out)``."""
+        path = self.path if type(module) is Linear and module.weight.dtype == torch.float32 else "linear"
+        if path == "packed" and not module.weight.is_inference():
+            return packed_linear(x, module.weight, module.bias, relu=relu)
+        # module(x): int8 (quantized) layers, large batches, other devices and dtypes, inference-mode weights
+        y = transposed(x, module.weight, module.bias) if path == "transposed" else module(x)
+        return y.relu_() if relu else y  # y is a fresh tensor
 
 
 def _before(norm: ResidualNorm, x: Tensor) -> Tensor:
@@ -161,6 +165,8 @@ def _cross_attention(
 
 def _feed_forward(ff: PositionwiseFeedForward, x: Tensor, plan: _Plan) -> Tensor:
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, eq. 2), or GELU; ``(B, d_model) -> (B, d_model)``."""
-    h = plan.project(ff.linear1, x)  # (B, d_ff), a fresh tensor: the activation may run in place
-    h = h.relu_() if ff.activation is F.relu else ff.activation(h)
+    if ff.activation is F.relu:
+        h = plan.project(ff.linear1, x, relu=True)  # (B, d_ff)
+    else:
+        h = ff.activation(plan.project(ff.linear1, x))  # (B, d_ff)
     return plan.project(ff.linear2, h)
