@@ -5,8 +5,10 @@
      ``--quantize int8``'s dynamic quantization) and with Marian's ``generate`` (fp32);
 (iii) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
      BLEU (the int8 BLEU change); its decoders alternate too (at most 3 rounds).
-aiayn's fp32 rows come twice: with the flat decoding step (``model/incremental.py``, the default)
-and module by module (``AIAYN_FAST_STEP=0``), the same search in the same run.
+aiayn's fp32 rows come three times, the same search in the same run: as configured (the flat
+decoding step of ``model/incremental.py``; products by oneDNN on packed weights where torch runs
+AVX-512 kernels, else by MKL: ``model/linear.py``), module by module (``AIAYN_FAST_STEP=0``), and
+with MKL's products (``AIAYN_CPU_GEMM=mkl``) where the default is oneDNN's.
 
 Work is equal: random weights (d_model 512, d_ff 2048, h 8, 6 + 6 layers, vocabulary 8,000,
 shared and tied), the same 64 random source sentences of 20-30 tokens, and every output forced to
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.model import incremental
+from aiayn.model import linear as linear_module
 from aiayn.quantize import quantize_int8
 from common import machine, matmul_peak, median, table, write_result
 
@@ -85,6 +88,19 @@ def module_path(fn):
             return fn()
         finally:
             incremental.enabled = before
+
+    return run
+
+
+def mkl_products(fn):
+    """``fn`` with the CPU's float32 products by MKL (``AIAYN_CPU_GEMM=mkl``), for comparison."""
+
+    def run():
+        before, linear_module.PACKED = linear_module.PACKED, False
+        try:
+            return fn()
+        finally:
+            linear_module.PACKED = before
 
     return run
 
@@ -175,8 +191,10 @@ def main() -> None:
         "beam": lambda: beam_search(model, src, beam=4, max_len=L, min_len=L),
         "int8 beam": lambda: beam_search(int8, src, beam=4, max_len=L, min_len=L),
     }
-    for kind in ("greedy", "beam"):  # the same search with the decoding step module by module
+    for kind in ("greedy", "beam"):  # the same search module by module, and with MKL's products
         runs[f"module {kind}"] = module_path(runs[kind])
+        if linear_module.PACKED:
+            runs[f"mkl {kind}"] = mkl_products(runs[kind])
     if not args.skip_marian:
         hf = marian()
         attention_mask = (src != 0).long()
@@ -191,16 +209,19 @@ def main() -> None:
 
         runs["Marian greedy"], runs["Marian beam"] = lambda: generate(1), lambda: generate(4)
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
-        names = (f"Marian {kind}", kind, f"module {kind}", f"int8 {kind}")
+        names = (f"Marian {kind}", kind, f"module {kind}", f"mkl {kind}", f"int8 {kind}")
         times = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # each round's seconds
         peer = times.get(f"Marian {kind}")
         if peer is not None:
             row(f"Marian generate {title} (fp32)", peer, beam)
         row(f"aiayn {title} (fp32)", times[kind], beam, peer=peer)
         row(f"aiayn {title} (fp32, steps module by module)", times[f"module {kind}"], beam, peer=peer)
+        if f"mkl {kind}" in times:
+            row(f"aiayn {title} (fp32, MKL's products)", times[f"mkl {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", times[f"int8 {kind}"], beam, peer=peer)
     result = {
-        "machine": info, "matmul_peak_flops": peak, "length": L, "sentences": SENTENCES, "repeats": args.repeats,
+        "machine": info, "matmul_peak_flops": peak, "cpu_products": "onednn packed" if linear_module.PACKED else "mkl",
+        "length": L, "sentences": SENTENCES, "repeats": args.repeats,
         "rows": rows,
     }  # fmt: skip
     if args.model:
@@ -217,9 +238,10 @@ COLUMNS = [
 
 
 def trained(args: argparse.Namespace) -> dict:
-    """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4. The three
-    decoders of a search (fp32 with the flat step, fp32 module by module, int8) alternate, as in
-    (ii); BLEU is scored on each one's first (warm-up) output."""
+    """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4. The
+    decoders of a search (fp32 with the flat step, fp32 module by module, int8, and fp32 with
+    MKL's products where the default is oneDNN's) alternate, as in (ii); BLEU is scored on each
+    one's first (warm-up) output."""
     from aiayn import Translator
     from aiayn.evaluate import score_translations
 
@@ -235,8 +257,10 @@ def trained(args: argparse.Namespace) -> dict:
     for beam in (1, 4):
         hypotheses: dict[str, list[str]] = {}
         decoders = {"fp32 flat": (None, "flat"), "fp32 modules": (None, "modules"), "int8 flat": ("int8", "flat")}
+        if linear_module.PACKED:
+            decoders["fp32 mkl"] = (None, "flat, MKL's products")
         fns = {
-            name: _decoder(translators[quantize], sources_text, beam, step == "flat", hypotheses, name)
+            name: _decoder(translators[quantize], sources_text, beam, step, hypotheses, name)
             for name, (quantize, step) in decoders.items()
         }
         times = alternating(fns, rounds)
@@ -254,11 +278,12 @@ def trained(args: argparse.Namespace) -> dict:
     return {"model": args.model, "split": args.split, "rounds": rounds, "rows": out}
 
 
-def _decoder(translator, sources_text: list[str], beam: int, flat: bool, hypotheses: dict, name: str):
-    """A timed call translating ``sources_text`` (module by module unless ``flat``) that keeps its
-    first output in ``hypotheses[name]`` and checks every later one against it."""
+def _decoder(translator, sources_text: list[str], beam: int, step: str, hypotheses: dict, name: str):
+    """A timed call translating ``sources_text`` (``step``: "flat", "modules" for module by module,
+    or "flat, MKL's products") that keeps its first output in ``hypotheses[name]`` and checks every
+    later one against it."""
     translate = functools.partial(translator.translate, sources_text, beam=beam)
-    run = translate if flat else module_path(translate)
+    run = {"flat": translate, "modules": module_path(translate), "flat, MKL's products": mkl_products(translate)}[step]
 
     def fn():
         out = run()
