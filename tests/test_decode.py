@@ -212,6 +212,27 @@ def test_translate_ids_keeps_input_order_across_batches():
     assert translate_ids(model, sources, max_tokens=10) == greedy
 
 
+@pytest.mark.parametrize("refill", [True, False])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_sentence_longer_than_max_tokens_gets_a_batch_of_its_own(monkeypatch, refill, beam):
+    """The other sentences' batches keep to ``max_tokens`` (source positions times the beam);
+    every output is the sentence's own."""
+    monkeypatch.setattr(decode, "REFILL", refill)
+    model = _ending_model()
+    lengths = [3, 20, 2, 3, 1, 2, 3, 2]
+    src = _sources(lengths)
+    sources = [src[i, :n].tolist() for i, n in enumerate(lengths)]
+    alone = [translate_ids(model, [s], beam=beam) for s in sources]
+    encoded = []  # (sentences, padded source length) of each batch encoded
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda s, **kw: encoded.append(tuple(s.shape)) or encode(s, **kw))
+    max_tokens = 12 * beam  # 12 source positions a batch: 3 sentences of 3 tokens and EOS
+    assert translate_ids(model, sources, max_tokens=max_tokens, beam=beam) == [a[0] for a in alone]
+    assert (1, 21) in encoded  # the long one, alone
+    assert all(S * B <= 12 for B, S in encoded if S < 21)  # the others keep to the budget
+    assert sum(B for B, _ in encoded) == len(sources)  # each sentence encoded once
+
+
 def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
     ngrams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return len(ngrams) != len(set(ngrams))

@@ -546,12 +546,12 @@ def translate_ids(
 
     ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
-    ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the beam).
-    Once half of a batch's sentences have ended, the next batch's join the decoding (``REFILL``;
-    not with an attention window, which goes batch by batch), as long
-    as the sentences decoding together hold at most twice ``max_tokens`` source positions,
-    padded to the longest; with float weights the results are those of decoding each sentence
-    alone either way.
+    ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the
+    beam); a sentence longer than that gets a batch of its own. Once half of a batch's sentences
+    have ended, the next batch's join the decoding (``REFILL``; not with an attention window,
+    which goes batch by batch), as long as the sentences decoding together hold at most twice
+    ``max_tokens`` source positions, padded to the longest; with float weights the results are
+    those of decoding each sentence alone either way.
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
     (by the sentences that end) and left open. ``no_repeat_ngram_size``: as for
     ``greedy_decode``.
@@ -572,9 +572,9 @@ def translate_ids(
         return []
     device = next(model.parameters()).device
     lengths = [(len(s) + 1, 0) for s in sources]  # source positions, EOS included
-    # a sentence longer than a batch gets a batch of its own
-    budget = max(max_tokens // beam, max(n for n, _ in lengths))  # source positions a batch may hold
-    batches = TokenBatcher(lengths, budget, shuffle=False).batches
+    budget = max(max_tokens // beam, 1)  # source positions a batch may hold
+    # a sentence longer than a batch gets a batch of its own; the others keep to the budget
+    batches = TokenBatcher(lengths, budget, shuffle=False, long_alone=True).batches
     results: list = [None] * len(sources)
     bar = None if isinstance(progress, bool) else progress
     if progress is True:
