@@ -79,30 +79,28 @@ def matmul_flops(src: torch.Tensor, length: int, beam: int) -> int:
     return encoder + cross_kv + SENTENCES * beam * length * step
 
 
-def module_path(fn):
-    """``fn`` with decoding steps run module by module (``AIAYN_FAST_STEP=0``), for comparison."""
+def _switched_off(module, flag: str, fn):
+    """``fn`` run with ``module.flag`` set to False, restored afterwards."""
 
     def run():
-        before, incremental.enabled = incremental.enabled, False
+        before = getattr(module, flag)
+        setattr(module, flag, False)
         try:
             return fn()
         finally:
-            incremental.enabled = before
+            setattr(module, flag, before)
 
     return run
+
+
+def module_path(fn):
+    """``fn`` with decoding steps run module by module (``AIAYN_FAST_STEP=0``), for comparison."""
+    return _switched_off(incremental, "enabled", fn)
 
 
 def mkl_products(fn):
     """``fn`` with the CPU's float32 products by MKL (``AIAYN_CPU_GEMM=mkl``), for comparison."""
-
-    def run():
-        before, linear_module.PACKED = linear_module.PACKED, False
-        try:
-            return fn()
-        finally:
-            linear_module.PACKED = before
-
-    return run
+    return _switched_off(linear_module, "PACKED", fn)
 
 
 def alternating(fns: dict, repeats: int) -> dict[str, list[float]]:
