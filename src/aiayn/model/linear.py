@@ -74,7 +74,7 @@ def inference_path(x: Tensor, weight: Tensor | None = None) -> str:
     return "transposed" if rows <= SMALL_ROWS else "linear"
 
 
-# weight (or the tensor a weight is a view of) -> {view: ((data_ptr, version), packed copy)}
+# weight (or the tensor a weight is a view of) -> {view: ((data_ptr, version), packed copy, storage)}
 _packs: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -94,7 +94,13 @@ def packed(weight: Tensor) -> Tensor:
     entry = entries.get(view)
     stamp = (weight.data_ptr(), weight._version)
     if entry is None or entry[0] != stamp:
-        entry = entries[view] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+        # the entry holds the weight's storage: while it lives, no new tensor (a new .data, a
+        # dtype round trip) can get its address and pass for it with an equal version count
+        entry = entries[view] = (
+            stamp,
+            torch.ops.mkldnn._reorder_linear_weight(weight.detach()),
+            weight.untyped_storage(),
+        )
     return entry[1]
 
 
