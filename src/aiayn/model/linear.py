@@ -55,9 +55,9 @@ def inference_path(x: Tensor, weight: Tensor | None = None) -> str:
     """How ``linear`` computes x Wᵀ + b: ``"packed"`` (oneDNN on the packed weight), ``"transposed"``
     ((W xᵀ + b)ᵀ by MKL) or ``"linear"`` (``F.linear``). The first two only for float32 on the
     CPU with autograd and autocast off (``weight=None``: as for a float32 weight); ``"transposed"``
-    at most ``SMALL_ROWS`` rows, or for a weight made under ``torch.inference_mode`` (it has no
-    version counter to keep a packed copy by). Under torch.compile, ``F.linear``: the compiler
-    picks its kernels."""
+    at most ``SMALL_ROWS`` rows. A weight made under ``torch.inference_mode`` (no version counter
+    to keep a packed copy by) is never ``"packed"``: MKL's two paths as without oneDNN. Under
+    torch.compile, ``F.linear``: the compiler picks its kernels."""
     rows = x.numel() // x.size(-1) if x.size(-1) else 0
     if (
         rows == 0
