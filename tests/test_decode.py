@@ -470,3 +470,108 @@ def test_ended_rows_waiting_to_leave_stay_within_learned_positions():
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 18, (120,), generator=g)]
     alone = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
     assert translate_ids(model, sources, max_tokens=60, max_len_a=10) == alone
+
+
+# Suppressed tokens (ModelConfig.suppress_ids: the <phrase> tag of data.phrase_tag) ----------------
+
+
+def _suppressing(model: Transformer, ids: tuple[int, ...]) -> Transformer:
+    """The same weights, with ``ids`` in ``suppress_ids``."""
+    other = Transformer(model.config.replace(suppress_ids=ids)).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def _favourite(model: Transformer, src: torch.Tensor) -> int:
+    """The word the model picks most often when decoding greedily without suppression."""
+    counts = torch.bincount(greedy_decode(model, src, max_len_a=10).flatten(), minlength=model.config.vocab_size)
+    counts[[PAD, BOS, EOS]] = 0
+    return int(counts.argmax())
+
+
+@torch.no_grad()
+def _greedy_by_hand(model: Transformer, src: torch.Tensor, banned: list[int], max_len_a: int) -> list[int]:
+    """Greedy decoding of one sentence by full teacher-forced recomputation at every step: the
+    argmax of the last position's logits with ``banned`` (and padding) at -inf, only EOS at the
+    limit (source tokens with EOS + max_len_a)."""
+    limit = int((src != PAD).sum()) + max_len_a
+    tokens: list[int] = []
+    while not tokens or tokens[-1] != EOS:
+        logits = model(src, torch.tensor([[BOS, *tokens]]))[0, -1]
+        logits[[PAD, *banned]] = -torch.inf
+        tokens.append(EOS if len(tokens) + 1 >= limit else int(logits.argmax()))
+    return tokens[:-1]
+
+
+def test_greedy_never_produces_a_suppressed_token_and_is_the_argmax_without_it():
+    lengths = [3, 7, 5, 9, 2, 6]
+    model, src = _ending_model(), _sources(lengths)
+    word = _favourite(model, src)
+    plain = [_trim(r) for r in greedy_decode(model, src, max_len_a=10).tolist()]
+    assert sum(r.count(word) for r in plain) >= 5, plain  # suppressing it changes the outputs
+    suppressed = _suppressing(model, (word,))
+    for use_cache in (True, False):
+        out = [_trim(r) for r in greedy_decode(suppressed, src, max_len_a=10, use_cache=use_cache).tolist()]
+        assert not any(word in r for r in out)
+        for row, n in enumerate(lengths):
+            assert out[row] == _greedy_by_hand(model, src[row : row + 1, : n + 1], [word], max_len_a=10)
+    assert out != plain
+
+
+def test_beam_search_never_produces_a_suppressed_token():
+    lengths = [3, 7, 5, 9, 2, 6]
+    model, src = _ending_model(), _sources(lengths)
+    word = _favourite(model, src)
+    assert any(word in h.tokens for hyps in beam_search(model, src, beam=4, nbest=4) for h in hyps)
+    suppressed = _suppressing(model, (word,))
+    for use_cache in (True, False):
+        beams = beam_search(suppressed, src, beam=4, nbest=4, use_cache=use_cache)
+        assert not any(word in h.tokens for hyps in beams for h in hyps)
+    # beam 1 is the hand-made greedy search without the word
+    one = beam_search(suppressed, src, beam=1, max_len_a=10)
+    for row, n in enumerate(lengths):
+        assert one[row][0].tokens == _greedy_by_hand(model, src[row : row + 1, : n + 1], [word], max_len_a=10)
+
+
+def test_wide_beam_with_a_suppressed_word_finds_the_best_sequence_without_it_by_brute_force():
+    """As ``test_wide_beam_finds_the_best_sequence_by_brute_force``, the suppressed token (the one
+    greedy decoding starts with, here BOS) taken out of the enumeration; its probability stays
+    in the softmax, as padding's does."""
+    model = _model(seed=5, vocab_size=5, eos_boost=1.0)
+    src = torch.tensor([[3, 4, 3, EOS]])
+    L, alpha = 4, 0.6
+    word = int(greedy_decode(model, src, max_len=L)[0, 0])
+    kept = [t for t in (BOS, 3, 4) if t != word]
+    assert len(kept) == 2
+    truth = []
+    for n in range(1, L + 1):
+        for words in itertools.product(kept, repeat=n - 1):
+            score = _sequence_log_prob(model, src, [*words, EOS]) / length_penalty(n, alpha)
+            truth.append((score, list(words)))
+    truth.sort(key=lambda x: x[0], reverse=True)
+    assert len(truth) == 1 + 2 + 4 + 8
+    found = beam_search(_suppressing(model, (word,)), src, beam=len(truth), nbest=len(truth), alpha=alpha, max_len=L)
+    assert [h.tokens for h in found[0]] == [words for _, words in truth]
+    assert [h.score for h in found[0]] == pytest.approx([score for score, _ in truth], abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_ids_with_refilled_batches_never_produces_a_suppressed_token(beam):
+    """``translate_ids`` (new sentences refilling the batch: ``_greedy_refilled``,
+    ``_beam_refilled``) gives each sentence what greedy or beam search gives it alone without
+    the word; the greedy outputs are the hand-made search's."""
+    model = _model(seed=1, max_len=64)
+    g = torch.Generator().manual_seed(9)
+    sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (30,), generator=g)]
+    src = torch.tensor([[*s, EOS] + [PAD] * (11 - len(s)) for s in sources])
+    word = _favourite(model, src)
+    assert sum(t.count(word) for t in translate_ids(model, sources, max_tokens=40, max_len_a=6, beam=beam)) >= 5
+    suppressed = _suppressing(model, (word,))
+    out = translate_ids(suppressed, sources, max_tokens=40, max_len_a=6, beam=beam)  # batches of a few sentences
+    assert not any(word in t for t in out)
+    for ids, tokens in zip(sources, out, strict=True):
+        one = torch.tensor([[*ids, EOS]])
+        if beam == 1:
+            assert tokens == _greedy_by_hand(model, one, [word], max_len_a=6)
+        else:
+            assert tokens == beam_search(suppressed, one, beam=beam, max_len_a=6)[0][0].tokens

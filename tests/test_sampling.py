@@ -152,3 +152,30 @@ def test_fill_mask_gives_the_softmax_at_each_mask_most_likely_first():
         assert [p for _, p in candidates] == pytest.approx(expected.values.tolist(), abs=1e-6)
     with pytest.raises(ValueError, match="no mask"):
         fill_mask(model, [5, 6], MASK)
+
+
+def test_sampling_never_draws_a_suppressed_token():
+    """``ModelConfig.suppress_ids``: greedy sampling is the recomputed argmax without the token,
+    and hot draws that pick it without suppression never do with it."""
+    model = tiny(DecoderOnly)
+    expected = greedy_by_recomputation(model, [7, 8], 15)
+    expected = expected[: expected.index(EOS)] if EOS in expected else expected
+    word = max(set(expected), key=expected.count)  # the greedy output's most frequent word
+    suppressed = DecoderOnly(model.config.replace(suppress_ids=(word,))).eval()
+    suppressed.load_state_dict(model.state_dict())
+
+    tokens, out = [BOS, 7, 8], []
+    with torch.no_grad():
+        while len(out) < 15 and (not out or out[-1] != EOS):
+            logits = model(torch.tensor([tokens]))[0, -1]
+            logits[[PAD, word]] = float("-inf")
+            out.append(int(logits.argmax()))
+            tokens.append(out[-1])
+    out = out[: out.index(EOS)] if EOS in out else out
+    assert generate_ids(suppressed, [7, 8], max_new_tokens=15, temperature=0.0) == [out] != [expected]
+
+    prompt = torch.tensor([[BOS, 7, 8]] * 64)
+    hot = dict(max_new_tokens=20, temperature=3.0, generator=torch.Generator().manual_seed(0))
+    assert (sample(model, prompt, **hot) == word).sum() > 10
+    hot["generator"] = torch.Generator().manual_seed(0)
+    assert not (sample(suppressed, prompt, **hot) == word).any()

@@ -293,6 +293,26 @@ def test_plot_run_is_one_png_and_leaves_the_backend_alone(tmp_path, monkeypatch)
     assert matplotlib.rcParams["backend"] == "svg"
 
 
+def test_plot_runs_draws_each_runs_dev_perplexity(tmp_path, capsys):
+    runs = []
+    for name, scale in (("a", 4.0), ("b", 3.0)):
+        run = tmp_path / name
+        run.mkdir()
+        dev = [{"kind": "dev", "step": s, "loss": scale / s, "ppl": math.exp(scale / s)} for s in (4, 8, 12)]
+        final = [{"kind": "final", "step": 12, "dev_bleu": scale * 2}] if name == "b" else []
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev + final))
+        runs.append(run)
+    fig = viz.plot_runs(runs)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["a", "b (dev BLEU 6.00)"]
+    for line, scale in zip(lines, (4.0, 3.0), strict=True):
+        steps, ppl = line.get_data()
+        assert list(steps) == [4, 8, 12] and ppl == pytest.approx([math.exp(scale / s) for s in (4, 8, 12)])
+    out = tmp_path / "runs.png"
+    assert main(["plot", str(runs[0]), str(runs[1]), "--out", str(out)]) == 0
+    assert _png_size(out) == (800, 500) and f"written {out}" in capsys.readouterr().out
+
+
 def test_plot_pe_and_lr_commands(tmp_path, capsys, monkeypatch):
     pe_calls, lr_calls = _spy(monkeypatch, "plot_positional_encoding"), _spy(monkeypatch, "plot_schedule")
     pe, lr = tmp_path / "pe.png", tmp_path / "lr.png"

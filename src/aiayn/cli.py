@@ -229,6 +229,12 @@ def _fill_mask(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from . import viz
 
+    if len(args.what) > 1:
+        out = args.out or "runs.png"
+        viz.plot_runs(args.what, out)
+        print(f"written {out}")
+        return 0
+    args.what = args.what[0]
     what = args.what if args.what in ("pe", "lr") else "run"
     for owner, names in {"pe": ("length", "d_model"), "lr": ("config", "steps")}.items():
         for name in names:
@@ -380,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--config", required=True, help="YAML preset, e.g. configs/ding.yaml")
     train.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, model/")
-    train.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the run's latest checkpoint (afresh if it has none)"
+    )
     train.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     train.set_defaults(func=_train, takes_overrides=True)
 
@@ -448,12 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a run's curves, the positional encodings or a learning-rate schedule to PNG",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="aiayn plot RUN_DIR                          a run's loss, learning rate, perplexity and BLEU\n"
+        "aiayn plot RUN_DIR RUN_DIR ... [--out PNG]  several runs' dev perplexity side by side (runs.png)\n"
         "aiayn plot pe [--length L] [--d-model D]    the sinusoidal positional encodings (§3.5)\n"
         "aiayn plot lr [--config FILE] [--steps N]   the learning-rate schedule (§5.3) of a config\n\n"
         "pe and lr are reserved words: write a run directory of that name as ./pe or ./lr.",
     )
-    plot.add_argument("what", metavar="RUN_DIR|pe|lr", help="a run directory (with metrics.jsonl), pe or lr")
-    plot.add_argument("--out", metavar="PNG", help="PNG path (default RUN_DIR/curves.png, pe.png, lr.png)")
+    plot.add_argument(
+        "what", nargs="+", metavar="RUN_DIR|pe|lr", help="a run directory (with metrics.jsonl), several, pe or lr"
+    )
+    plot.add_argument("--out", metavar="PNG", help="PNG path (default RUN_DIR/curves.png, runs.png, pe.png, lr.png)")
     pe = plot.add_argument_group("positional encodings (plot pe)")
     pe.add_argument("--length", type=int, metavar="L", help="positions, the rows (default 100)")
     pe.add_argument("--d-model", type=int, metavar="D", help="dimensions, the columns (default 64)")

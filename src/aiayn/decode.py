@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import DecoderOnly, EncoderOnly, KVCache, Transformer, cpu_kernels
+from .model import DecoderOnly, EncoderOnly, KVCache, ModelConfig, Transformer, cpu_kernels
 
 __all__ = [
     "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
@@ -76,10 +76,12 @@ def _limits(model: Transformer, src: Tensor, max_len_a: int, max_len: int | None
     return limit.clamp(min=1)
 
 
-def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, pad_id: int, eos_id: int) -> Tensor:
+def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, config: ModelConfig) -> Tensor:
     """Apply the shared rules to next-token log-probabilities (or logits) ``(R, V)`` for output
-    position ``length`` (1-based): no padding, no EOS before ``min_len``, only EOS at the limit."""
-    logp[:, pad_id] = -torch.inf
+    position ``length`` (1-based): no padding nor ``config.suppress_ids``, no EOS before
+    ``min_len``, only EOS at the limit."""
+    pad_id, eos_id = config.pad_id, config.eos_id
+    logp[:, [pad_id, *config.suppress_ids]] = -torch.inf
     if length < min_len:
         logp[:, eos_id] = -torch.inf
     if at_limit.any():
@@ -206,7 +208,7 @@ def greedy_decode(
     finished = None  # (R,) rows that have produced EOS but are still decoded (no compaction yet)
     for t in range(out.size(1)):
         logits = step(prefixes, normalize=False)  # the argmax needs no softmax
-        logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config.pad_id, config.eos_id)
+        logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config)
         logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
         token = cpu_kernels.argmax(logits)  # (R,): logits.argmax(-1), one pass on the CPU
         ended = token == config.eos_id  # (R,)
@@ -276,7 +278,7 @@ def beam_search(
     for t in range(1, int(limit.max()) + 1):
         n = active.numel()
         at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
-        logp = _constrain(step(prefixes), t, at_limit, min_len, config.pad_id, config.eos_id)  # (R, V)
+        logp = _constrain(step(prefixes), t, at_limit, min_len, config)  # (R, V)
         logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
@@ -368,7 +370,7 @@ def _greedy_refilled(
             out = _with_rows(out, B, int(limit.max()), config.pad_id)
             joined = B
         logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (R, V)
-        logits = _constrain(logits, 1, steps + 1 >= limit, 0, config.pad_id, config.eos_id)  # no min_len
+        logits = _constrain(logits, 1, steps + 1 >= limit, 0, config)  # no min_len
         if no_repeat_ngram_size:
             history = _histories(out, steps, config.bos_id)  # (R, 1 + t')
             logits = _ban_repeated_ngrams(logits, history, no_repeat_ngram_size, config.eos_id)
@@ -478,8 +480,7 @@ def _beam_refilled(
             joined = n2
         n, t = active.numel(), steps + 1  # t: each sentence's output length after this step
         logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (n K, V)
-        logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0,
-                          config.pad_id, config.eos_id)  # fmt: skip
+        logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0, config)
         if no_repeat_ngram_size:
             history = _histories(out, steps.repeat_interleave(K), config.bos_id)  # (n K, 1 + t')
             logp = _ban_repeated_ngrams(logp, history, no_repeat_ngram_size, config.eos_id)
@@ -699,7 +700,7 @@ def sample(
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     out = []
     for step in range(max_new_tokens):
-        logits[:, config.pad_id] = float("-inf")
+        logits[:, [config.pad_id, *config.suppress_ids]] = float("-inf")
         token = sample_next(logits, temperature, top_k, top_p, generator).masked_fill(finished, config.pad_id)  # (B,)
         out.append(token)
         finished |= token == config.eos_id

@@ -74,12 +74,14 @@ def copy_task_accuracy(model: Transformer, task: CopyTask, n: int = 256, seed: i
 
 
 def train_copy_task(
-    task: CopyTask = CopyTask(), config: ModelConfig | None = None, progress: bool = False
+    task: CopyTask = CopyTask(), config: ModelConfig | None = None, progress: bool = False, amp: bool = False
 ) -> tuple[Transformer, list[float]]:
     """Train a small Transformer on the copy task with the paper's optimizer (Adam 0.9/0.98/1e-9,
     warmup then inverse-sqrt rate, label smoothing 0.1). Returns the model, its parameters the mean
     of ``task.average_last`` snapshots ``task.average_every`` steps apart ending at the last step
-    (fewer when training is shorter; §6.1), and the losses."""
+    (fewer when training is shorter; §6.1), and the losses. ``amp``: the forward pass under
+    bfloat16 autocast, as the trainer's ``train.amp true`` (parameters, gradients and Adam's state
+    stay float32)."""
     torch.manual_seed(task.seed)
     config = config or ModelConfig.tiny(task.vocab_size, d_model=64, d_ff=128, h=4, N=2)
     model = Transformer(config)
@@ -92,9 +94,12 @@ def train_copy_task(
     model.train()
     for step in progress_bar(range(1, task.steps + 1), desc="copy task", disable=not progress):
         src, tgt = copy_task_batch(task.batch_size, task.length, task.vocab_size, generator)
-        logits = model(src, tgt[:, :-1])  # (B, T, V)
+        # autocast around the forward pass only: it keeps the bfloat16 copies of the weights until
+        # it is left, so a context around the whole loop would run every step on the first step's
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            logits = model(src, tgt[:, :-1])  # (B, T, V)
         loss = F.cross_entropy(
-            logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=config.pad_id, label_smoothing=0.1
+            logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=config.pad_id, label_smoothing=0.1
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

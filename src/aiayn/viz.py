@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "plot_run",
+    "plot_runs",
     "ATTENTION_KINDS",
     "TranslationAttention",
     "translation_attention",
@@ -94,6 +95,28 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out) if out is not None else run_dir / "curves.png"
     fig.savefig(out, dpi=100)
     return out
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Figure:
+    """Compare runs: dev perplexity against training step, one line per run, labelled with the
+    run's directory name and its final dev BLEU where it has one (e.g. a recipe's levers, one
+    change at a time, on the same dev split); saved as a PNG at ``out`` if given."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), layout="tight")
+    ax = fig.subplots()
+    for run_dir in map(Path, run_dirs):
+        records = _records(run_dir)
+        dev = [r for r in records if r.get("kind") == "dev"]
+        final = [r for r in records if r.get("kind") == "final" and "dev_bleu" in r]
+        label = run_dir.name + (f" (dev BLEU {final[-1]['dev_bleu']:.2f})" if final else "")
+        ax.plot([r["step"] for r in dev], [r["ppl"] for r in dev], "o-", ms=3, label=label)
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="dev perplexity (per BPE token)", title="dev perplexity")
+    ax.legend()
+    if out is not None:
+        fig.savefig(out, dpi=100)
+    return fig
 
 
 class TranslationAttention(NamedTuple):

@@ -22,7 +22,7 @@ def tokenizer():
 def test_special_ids_match_model_config(tokenizer):
     config = ModelConfig.tiny(tokenizer.vocab_size)
     assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (config.pad_id, config.bos_id, config.eos_id)
-    assert [tokenizer.hf.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert [tokenizer.hf.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4, 5]
     assert tokenizer.vocab_size <= 400
 
 
@@ -102,3 +102,67 @@ def test_a_tokenizer_larger_than_the_model_is_an_error_naming_the_file(tokenizer
     assert Tokenizer.load(tmp_path / "tokenizer.json", tokenizer.vocab_size).vocab_size == tokenizer.vocab_size
     with pytest.raises(ValueError, match=rf"{tmp_path / 'tokenizer.json'}: the tokenizer has {tokenizer.vocab_size}"):
         Tokenizer.load(tmp_path / "tokenizer.json", tokenizer.vocab_size - 1)
+
+
+# <phrase> (data.phrase_tag) and tokenizers saved before it ------------------------------------------
+
+
+def five_special_tokenizer(tmp_path) -> Tokenizer:
+    """A tokenizer as aiayn trained them before <phrase>: the same BPE with the first five
+    specials only, saved and loaded again."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, min_frequency=2, special_tokens=["<pad>", "<s>", "</s>", "<unk>", "<mask>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    hf.train_from_iterator((t.strip() for t in CORPUS), trainer)
+    hf.save(str(tmp_path / "old.json"))
+    return Tokenizer.load(tmp_path / "old.json")
+
+
+def test_phrase_tag_is_special_token_5_and_decode_skips_it(tokenizer):
+    assert tokenizer.phrase_id == 5 == SPECIAL_TOKENS.index("<phrase>")
+    assert tokenizer.hf.id_to_token(5) == "<phrase>" and tokenizer.num_special == 6
+    ids = tokenizer.encode("Es war purer Zufall.")
+    assert tokenizer.decode([tokenizer.phrase_id, *ids]) == "Es war purer Zufall."
+    assert tokenizer.decode([*ids[:2], tokenizer.phrase_id, *ids[2:]]) == tokenizer.decode(ids)
+    assert tokenizer.pieces([tokenizer.phrase_id]) == ["<phrase>"]
+
+
+def test_a_literal_phrase_tag_in_a_text_is_text(tokenizer):
+    """A source sentence that says "<phrase>" must not carry the tag that marks dictionary pairs."""
+    ids = tokenizer.encode("ein <phrase> hier")
+    assert tokenizer.phrase_id not in ids and all(i >= len(SPECIAL_TOKENS) for i in ids)
+    assert tokenizer.decode(ids) == "ein <phrase> hier"
+
+
+def test_a_tokenizer_with_the_five_old_specials_loads_and_id_5_is_text(tmp_path, tokenizer):
+    old = five_special_tokenizer(tmp_path)
+    assert old.phrase_id is None and old.num_special == 5
+    assert [old.pad_id, old.bos_id, old.eos_id, old.unk_id, old.mask_id] == [0, 1, 2, 3, 4]
+    assert old.hf.token_to_id("<phrase>") is None
+    text_5 = old.hf.decode([5])  # what BPE put at id 5: a byte of text
+    assert text_5 and old.hf.id_to_token(5) not in SPECIAL_TOKENS
+    assert old.decode([5]) == text_5.lstrip(" ")
+    ids = old.encode("Es war purer Zufall.")
+    assert old.decode([*ids, 5]) == old.hf.decode([*ids, 5]).lstrip(" ")  # not skipped as a control token
+    for text in CORPUS[:5]:
+        assert old.decode(old.encode(text)) == text
+
+
+def test_phrase_tag_at_another_id_is_an_error(tmp_path, tokenizer):
+    """<phrase> present but not at id 5 (added after training) is refused, naming the token."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    old = five_special_tokenizer(tmp_path)
+    hf = HFTokenizer.from_str(old.hf.to_str())
+    hf.add_special_tokens(["<phrase>"])
+    assert hf.token_to_id("<phrase>") == old.vocab_size
+    hf.save(str(tmp_path / "late.json"))
+    with pytest.raises(ValueError, match="<phrase> must have id 5"):
+        Tokenizer.load(tmp_path / "late.json")

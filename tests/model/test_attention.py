@@ -266,3 +266,46 @@ def test_window_applies_to_the_transformer_encoder_too():
     base = model.encode(src).memory[0, 6]
     assert torch.equal(model.encode(far).memory[0, 6], base)
     assert not torch.allclose(model.encode(near).memory[0, 6], base)
+
+
+# bfloat16 on the CPU (autocast training): computed in float32, rounded back once -------------------
+
+BF16_MASKS = {**MASKS, "fully masked row": lambda: random_mask(fully_masked_row=True)}
+
+
+@pytest.mark.parametrize("mask_name", list(BF16_MASKS))
+def test_bf16_on_the_cpu_is_float32_attention_of_the_rounded_inputs(mask_name):
+    """Forward: exactly the float32 result on the same (bfloat16) inputs, rounded to bfloat16, so
+    within bfloat16's rounding (2^-8 relative) of the formula in float64. Backward: the float32
+    gradients (of the bfloat16 upstream gradient) rounded to bfloat16. A fully masked row gives
+    zeros and a zero query gradient, and nothing is NaN."""
+    mask = BF16_MASKS[mask_name]()
+    q, k, v = (t.bfloat16().requires_grad_() for t in qkv())
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))  # the same values, exactly
+    upstream = torch.randn(B, H, T, D_V, generator=torch.Generator().manual_seed(7)).bfloat16()
+
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert out.dtype == torch.bfloat16 and weights is None and torch.isfinite(out).all()
+    ref, _ = scaled_dot_product_attention(q32, k32, v32, mask)
+    assert torch.equal(out, ref.bfloat16())
+    truth = by_hand(q32.detach(), k32.detach(), v32.detach(), None if mask is None else mask.expand(B, 1, T, S))
+    torch.testing.assert_close(out.float(), truth, rtol=2**-8, atol=1e-5)
+
+    (out.float() * upstream.float()).sum().backward()
+    (ref * upstream.float()).sum().backward()
+    for ours, theirs in zip((q.grad, k.grad, v.grad), (q32.grad, k32.grad, v32.grad), strict=True):
+        assert ours.dtype == torch.bfloat16 and torch.isfinite(ours).all()
+        torch.testing.assert_close(ours.float(), theirs, rtol=2**-8, atol=1e-6)
+    if mask_name == "fully masked row":
+        assert torch.all(out[1, :, 2] == 0) and torch.all(q.grad[1, :, 2] == 0)
+
+
+def test_bf16_attention_under_autocast_keeps_the_bf16_path():
+    """In training, autocast's products hand attention bfloat16 queries; the result is the same
+    as without autocast (autocast is off inside), and still bfloat16 for the next product."""
+    q, k, v = (t.bfloat16() for t in qkv())
+    mask = random_mask()
+    plain, _ = scaled_dot_product_attention(q, k, v, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast, _ = scaled_dot_product_attention(q, k, v, mask)
+    assert autocast.dtype == torch.bfloat16 and torch.equal(autocast, plain)

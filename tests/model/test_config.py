@@ -1,6 +1,7 @@
 """ModelConfig: Table 3 presets, derived defaults, validation, immutability, serialization."""
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -157,3 +158,31 @@ def test_load_errors_name_the_file(tmp_path):
     path.write_text('{"vocab_size": 32, "d_model": 30, "h": 4}')
     with pytest.raises(ValueError, match=re.escape(str(path))):
         ModelConfig.load(path)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"suppress_ids": (2,)},  # EOS: the search could never end
+        {"suppress_ids": (5, 32)},  # vocab_size is 32
+        {"suppress_ids": (-1,)},
+        {"suppress_ids": ("5",)},
+        {"suppress_ids": (5.0,)},
+        {"share_embeddings": False, "tgt_vocab_size": 10, "suppress_ids": (12,)},  # a source id only
+    ],
+)
+def test_suppress_ids_must_be_target_ids_other_than_eos(kwargs):
+    with pytest.raises(ValueError, match="suppress_ids"):
+        ModelConfig(**{"vocab_size": 32, **kwargs})
+
+
+def test_suppress_ids_round_trip_as_a_tuple(tmp_path):
+    assert ModelConfig.tiny(32).suppress_ids == ()
+    c = ModelConfig.tiny(32, suppress_ids=[5, 7])  # a list, as JSON and YAML give it
+    assert c.suppress_ids == (5, 7)
+    path = tmp_path / "config.json"
+    c.save(path)
+    assert json.loads(path.read_text())["suppress_ids"] == [5, 7]
+    loaded, _ = ModelConfig.load(path)
+    assert loaded.suppress_ids == (5, 7) and loaded == c and hash(loaded) == hash(c)
+    assert ModelConfig.from_dict(c.to_dict()) == c

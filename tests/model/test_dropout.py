@@ -105,3 +105,37 @@ def test_other_dtypes_use_torch_dropout_with_its_exact_scale():
     y = dropout(x, 0.1)
     assert y.dtype == torch.float64
     assert set(y.unique().tolist()) == {0.0, 1 / 0.9}  # exactly 1 / (1 - p), not a rounded scale
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_bf16_takes_the_16_bit_mask_and_rounds_once(p):
+    """A bfloat16 x (autocast's products in training): the float32 path's mask for the same seed,
+    x times the float32 scale 1 / (1 - p') rounded once to bfloat16; p of the elements dropped."""
+    torch.manual_seed(6)
+    x = (torch.rand(1000, 1000) + 0.5).bfloat16()
+    torch.manual_seed(7)
+    y = dropout(x, p)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    torch.manual_seed(7)
+    assert torch.equal(y, dropout(x.float(), p).bfloat16())  # the same mask, one rounding
+    q = 1 - round(p * 65536) / 65536
+    kept = y != 0  # x is never 0 here
+    torch.testing.assert_close(y[kept].float(), x[kept].float() / q, rtol=2**-8, atol=0)  # within bf16 rounding
+    dropped = 1 - kept.float().mean().item()
+    assert abs(dropped - p) < bound(p, x.numel())
+
+
+def test_bf16_gradient_is_the_same_mask_and_scale():
+    torch.manual_seed(2)
+    p = 0.3
+    x = torch.randn(256, 192).bfloat16().requires_grad_()
+    y = dropout(x, p)
+    g = torch.randn(256, 192).bfloat16()
+    y.backward(g)
+    assert x.grad.dtype == torch.bfloat16
+    q = 1 - round(p * 65536) / 65536
+    kept = y != 0  # x is never exactly 0 here
+    assert 0.6 < kept.float().mean().item() < 0.8
+    expected = torch.where(kept, g.float() / q, torch.zeros(()))
+    torch.testing.assert_close(x.grad.float(), expected, rtol=2**-8, atol=0)
+    assert torch.all(x.grad[~kept] == 0)

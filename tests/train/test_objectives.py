@@ -4,11 +4,14 @@ LM's targets; the ``select`` path of the language models; ``<mask>`` in the toke
 import pytest
 import torch
 
-from aiayn import DecoderOnly, EncoderOnly, ModelConfig
+from aiayn import DecoderOnly, EncoderOnly, ModelConfig, Transformer
+from aiayn.data.batching import collate
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.train.objectives import CausalLM, MaskedLM, mask_tokens
+from aiayn.train.config import TrainConfig
+from aiayn.train.objectives import CausalLM, MaskedLM, Translation, drop_words, mask_tokens, objective_for
+from aiayn.train.trainer import evaluate_loss
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 4
+PAD, BOS, EOS, UNK, MASK, PHRASE = 0, 1, 2, 3, 4, 5
 
 
 def test_masking_rates_are_15_80_10_10():
@@ -58,7 +61,7 @@ def test_causal_lm_batch_is_the_shifted_sequence():
 
 def test_masked_lm_batch_scores_only_the_chosen_tokens():
     config = ModelConfig.tiny(32)
-    examples = [[5 + i % 20 for i in range(n)] for n in (30, 12, 1)]
+    examples = [[6 + i % 20 for i in range(n)] for n in (30, 12, 1)]  # words: ids >= 6
     batch = MaskedLM(0.15).collate(examples, config, seed=3)
     tokens = torch.tensor([[*x, EOS] + [PAD] * (30 - len(x)) for x in examples])
     chosen = batch.targets != PAD
@@ -107,3 +110,110 @@ def test_mask_text_encodes_as_the_masked_word_did_in_training(tokenizer, masked,
     assert tokenizer.encode(masked) == expected
     assert tokenizer.encode_batch([masked, plain]) == [expected, ids]
     assert tokenizer.tokens(masked)[position] == "<mask>"
+
+
+# Word dropout (train.word_dropout) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_drop_words_replaces_words_by_unk_at_rate_p_and_nothing_else(p):
+    """200 x 500 tokens, a sixth of them specials (padding, BOS, EOS, <unk>, <mask>, <phrase>):
+    each word (id >= 6) becomes <unk> with probability p (5 standard deviations), a special never."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(6, 1000, (200, 500), generator=g)
+    specials = torch.rand(tokens.shape, generator=g) < 1 / 6
+    tokens[specials] = torch.randint(0, 6, (int(specials.sum()),), generator=g)
+    out = drop_words(tokens, p, torch.Generator().manual_seed(1))
+    changed = out != tokens
+    assert torch.all(out[changed] == UNK)
+    assert not changed[tokens < 6].any()
+    words = tokens >= 6
+    n = int(words.sum())
+    assert abs(changed.sum().item() / n - p) < 5 * (p * (1 - p) / n) ** 0.5
+    again = drop_words(tokens, p, torch.Generator().manual_seed(1))
+    assert torch.equal(again, out)
+    assert not torch.equal(drop_words(tokens, p, torch.Generator().manual_seed(2)), out)
+    assert torch.equal(drop_words(tokens, 0.0, torch.Generator().manual_seed(1)), tokens)
+
+
+def word_examples(n: int = 64, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Pairs of 1-12 words (ids 6-99), every third source tagged with <phrase> (data.phrase_tag)."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for i in range(n):
+        src = torch.randint(6, 100, (int(torch.randint(1, 13, (1,), generator=g)),), generator=g).tolist()
+        tgt = torch.randint(6, 100, (int(torch.randint(1, 13, (1,), generator=g)),), generator=g).tolist()
+        pairs.append(([PHRASE, *src] if i % 3 == 0 else src, tgt))
+    return pairs
+
+
+def test_translation_word_dropout_replaces_source_and_decoder_input_words_only():
+    """Against the plain batch (``collate``): tgt_out as it was; src and tgt_in differ only where a
+    word became <unk>; padding, BOS, EOS and the <phrase> tag kept; about p of the words dropped
+    on each side; seeded; and train=False (evaluation) gives the plain batch."""
+    config, p = ModelConfig.tiny(100), 0.25
+    pairs = word_examples()
+    plain = collate(pairs, PAD, BOS, EOS)
+    batch = Translation(p).collate(pairs, config, seed=5, train=True)
+    assert torch.equal(batch.tgt_out, plain.tgt_out)
+    for dropped, original in ((batch.src, plain.src), (batch.tgt_in, plain.tgt_in)):
+        changed = dropped != original
+        assert torch.all(dropped[changed] == UNK) and not changed[original < 6].any()
+        n = int((original >= 6).sum())
+        assert abs(changed.sum().item() / n - p) < 5 * (p * (1 - p) / n) ** 0.5
+    assert torch.all(batch.src[::3, 0] == PHRASE) and torch.all(batch.tgt_in[:, 0] == BOS)
+    again = Translation(p).collate(pairs, config, seed=5, train=True)
+    assert torch.equal(again.src, batch.src) and torch.equal(again.tgt_in, batch.tgt_in)
+    other = Translation(p).collate(pairs, config, seed=6, train=True)
+    assert not torch.equal(other.src, batch.src) and not torch.equal(other.tgt_in, batch.tgt_in)
+    for evaluation in (Translation(p).collate(pairs, config, seed=5), Translation().collate(pairs, config, 5, True)):
+        assert torch.equal(evaluation.src, plain.src) and torch.equal(evaluation.tgt_in, plain.tgt_in)
+        assert torch.equal(evaluation.tgt_out, plain.tgt_out)
+
+
+def test_causal_lm_word_dropout_replaces_input_words_only():
+    config, p = ModelConfig.tiny(100), 0.25
+    texts = [src for src, _ in word_examples()]
+    plain = CausalLM().collate(texts, config, seed=0)
+    batch = CausalLM(p).collate(texts, config, seed=3, train=True)
+    assert torch.equal(batch.targets, plain.targets)
+    changed = batch.inputs != plain.inputs
+    assert torch.all(batch.inputs[changed] == UNK) and not changed[plain.inputs < 6].any()
+    n = int((plain.inputs >= 6).sum())
+    assert abs(changed.sum().item() / n - p) < 5 * (p * (1 - p) / n) ** 0.5
+    assert torch.equal(CausalLM(p).collate(texts, config, seed=3, train=True).inputs, batch.inputs)
+    assert not torch.equal(CausalLM(p).collate(texts, config, seed=4, train=True).inputs, batch.inputs)
+    assert torch.equal(CausalLM(p).collate(texts, config, seed=3).inputs, plain.inputs)
+
+
+def test_word_dropout_reaches_the_objective_and_the_masked_lm_rejects_it():
+    steps = dict(max_steps=1)
+    assert objective_for(TrainConfig(word_dropout=0.2, **steps)).word_dropout == 0.2
+    assert objective_for(TrainConfig(task="lm", word_dropout=0.3, **steps)).word_dropout == 0.3
+    assert objective_for(TrainConfig(**steps)).word_dropout == 0.0  # off by default
+    with pytest.raises(ValueError, match="word_dropout"):
+        TrainConfig(task="mlm", word_dropout=0.1, **steps)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="word_dropout"):
+            TrainConfig(word_dropout=bad, **steps)
+
+
+@pytest.mark.parametrize("task", ["translation", "lm"])
+def test_dev_loss_is_unaffected_by_word_dropout(task):
+    """``evaluate_loss`` with an objective that drops words equals the one without, although the
+    same batches with word dropout applied (train=True) give another loss."""
+    torch.manual_seed(0)
+    config = ModelConfig.tiny(100)
+    if task == "translation":
+        model, examples, objective = Transformer(config), word_examples(), Translation
+    else:
+        model, examples, objective = DecoderOnly(config), [s for s, _ in word_examples()], CausalLM
+    model.train()
+    with_dropout = evaluate_loss(model, examples, 200, torch.device("cpu"), objective(0.5))
+    without = evaluate_loss(model, examples, 200, torch.device("cpu"), objective())
+    assert with_dropout == without
+    assert model.training  # put back
+    plain = objective(0.5).collate(examples, config, seed=0)
+    dropped = objective(0.5).collate(examples, config, seed=0, train=True)
+    with torch.no_grad():
+        assert objective().loss(model, plain, 0.0)[1] != objective().loss(model, dropped, 0.0)[1]

@@ -5,7 +5,8 @@ characters never seen in training included, round-trips exactly (surrounding whi
 stripped). Saved as ``tokenizer.json`` beside the model.
 
 Special tokens have fixed ids, matching ``ModelConfig``'s defaults:
-``<pad>`` 0, ``<s>`` (BOS) 1, ``</s>`` (EOS) 2, ``<unk>`` 3, ``<mask>`` 4.
+``<pad>`` 0, ``<s>`` (BOS) 1, ``</s>`` (EOS) 2, ``<unk>`` 3, ``<mask>`` 4, ``<phrase>`` 5 (the tag
+of dictionary pairs' sources, ``data.phrase_tag``; tokenizers saved before it have 5 specials).
 
 The literal text ``<mask>`` encodes as the mask token (for ``aiayn fill-mask``), as the masked
 LM saw a masked word in training: the whitespace before it is dropped, because the masked token
@@ -25,7 +26,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 __all__ = ["Tokenizer", "SPECIAL_TOKENS", "TOKENIZER_NAME"]
 
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", "<phrase>"]
+_REQUIRED = 5  # the first five; "<phrase>" came later
 TOKENIZER_NAME = "tokenizer.json"
 MASK_TOKEN = "<mask>"
 _SPACE_BEFORE_MASK = re.compile(r"\s+(?=<mask>)")
@@ -49,8 +51,10 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         for i, token in enumerate(SPECIAL_TOKENS):
-            if hf.token_to_id(token) != i:
+            if hf.token_to_id(token) != i and (i < _REQUIRED or hf.token_to_id(token) is not None):
                 raise ValueError(f"tokenizer: special token {token} must have id {i}")
+        # ids below this are control tokens, never text
+        self.num_special = len(SPECIAL_TOKENS) if hf.token_to_id(SPECIAL_TOKENS[-1]) is not None else _REQUIRED
         # literal "<s>", "</s>", "<pad>", "<unk>" in a text are text (bytes), not control tokens;
         # "<mask>" is split out by hand where wanted (``_encode_masked``)
         hf.encode_special_tokens = True
@@ -72,6 +76,11 @@ class Tokenizer:
         )
         hf.train_from_iterator((t.strip() for t in texts), trainer)
         return cls(hf)
+
+    @property
+    def phrase_id(self) -> int | None:
+        """The id of ``<phrase>``, the tag of dictionary pairs' sources (None in older tokenizers)."""
+        return 5 if self.num_special > 5 else None
 
     @property
     def vocab_size(self) -> int:
@@ -114,7 +123,7 @@ class Tokenizer:
         ids = list(ids)
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
-        text = self.hf.decode([i for i in ids if i >= len(SPECIAL_TOKENS)], skip_special_tokens=True)
+        text = self.hf.decode([i for i in ids if i >= self.num_special], skip_special_tokens=True)
         return text[1:] if text.startswith(" ") else text  # the prefix space the pre-tokenizer added
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
@@ -135,7 +144,7 @@ class Tokenizer:
             token = self.hf.id_to_token(i)
             if token is None:
                 raise ValueError(f"tokenizer: no token has id {i} (vocabulary size {self.vocab_size})")
-            if i >= len(SPECIAL_TOKENS) and all(c in _BYTE_DECODER for c in token):
+            if i >= self.num_special and all(c in _BYTE_DECODER for c in token):
                 token = bytes(_BYTE_DECODER[c] for c in token).decode("utf-8", errors="backslashreplace")
                 token = token.replace(" ", "▁")
             pieces.append(token)

@@ -54,6 +54,12 @@ def scaled_dot_product_attention(
         ``(out, weights)``: ``out`` is ``(B, H, T, D_v)``; ``weights`` is ``(B, H, T, S)``
         or None. A query row with no key to attend to gives zeros (and zero weights).
     """
+    if not need_weights and q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # torch's fused bfloat16 CPU kernel's backward ran ~10x slower than float32's (a third of a
+        # bf16 training step at d_model 256): in float32 there, autocast (training) or not
+        with torch.autocast("cpu", enabled=False):
+            out, _ = scaled_dot_product_attention(q.float(), k.float(), v.float(), mask, dropout_p)
+        return out.to(q.dtype), None
     if not need_weights and dropout_p == 0.0 and cpu_kernels.eligible(q, k, v, mask):
         return cpu_kernels.decode_attention(q, k, v, mask), None  # decoding steps on the CPU
     if mask is not None:

@@ -12,6 +12,9 @@ What differs from the paper, and why:
   needs one, and ``torch.nn.Transformer`` always has one, so it is configurable.
 - ``attention_dropout`` and ``activation_dropout`` (dropout on attention weights and inside the
   feed-forward network) default to 0, as in the paper; ``torch.nn.Transformer`` uses P_drop there.
+- ``suppress_ids``: target tokens the search never produces (besides padding), such as the tag
+  that marks dictionary pairs' sources in training (``data.phrase_tag``); Hugging Face's
+  ``suppress_tokens``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    suppress_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         def fail(msg: str) -> None:
@@ -99,6 +103,13 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0 <= value < min(self.vocab_size, self.tgt_vocab_size):
                 fail(f"{name}={value} is outside the vocabulary")
+        if isinstance(self.suppress_ids, (int, str)):
+            fail(f"suppress_ids must be a list of token ids, got {self.suppress_ids!r}")
+        object.__setattr__(self, "suppress_ids", tuple(self.suppress_ids))  # a list from JSON
+        for value in self.suppress_ids:
+            bad = not isinstance(value, int) or isinstance(value, bool)
+            if bad or not 0 <= value < self.tgt_vocab_size or value == self.eos_id:
+                fail(f"suppress_ids: {value!r} is not a target token id other than EOS")
 
     # Presets -------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ holding 0 or the scale, so the forward and the backward pass are each one multip
 isolation this is about 4× faster than ``F.dropout`` per use. The scale uses the rounded
 probability, so the expectation stays exactly ``x``. The float mask kept for the backward pass
 takes 4 bytes per element where a boolean one takes 1. On other devices (CUDA's fused dropout
-is already fast) and for other dtypes it is ``torch.nn.functional.dropout``.
+is already fast) and for dtypes other than float32 and bfloat16 it is ``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations
@@ -60,12 +60,15 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     when not training or ``p == 0``."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not 0.0 < p < 1.0:
-        return F.dropout(x, p, training)  # the scale would be rounded to a narrower dtype
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)
     kept = 1.0 - round(p * _LEVELS) / _LEVELS
     if kept == 0.0:
         return torch.zeros_like(x)
-    return x * scaled_dropout_mask(x.shape, p)  # the gradient: the same product
+    # the gradient: the same product. A bfloat16 x (autocast's products) takes the float32 mask, so
+    # the scale is not rounded to 8 bits, and the product is rounded back once; F.dropout there
+    # draws floats (bernoulli_), 8% of a bfloat16 training step at d_model 256
+    return (x * scaled_dropout_mask(x.shape, p)).to(x.dtype)
 
 
 class Dropout(nn.Module):

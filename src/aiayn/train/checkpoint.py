@@ -14,7 +14,10 @@ removed (rotation, or the same step saved again) by renaming it out of the ``ste
 first, so a kill during the deletion never leaves a half-deleted one that looks complete; the
 next save clears what such a kill leaves. ``latest`` names the newest checkpoint for people and
 scripts; it is rewritten after the rename, so a kill between the two leaves it one behind, and
-``latest_checkpoint`` goes by the directories instead. Nothing is unpickled on load.
+``latest_checkpoint`` goes by the directories instead. A checkpoint damaged afterwards (a file
+deleted, or cut short by a copy) is found by ``checkpoint_problem``; ``resumable_checkpoint``
+then falls back to the one before and says so. Nothing is unpickled on load: JSON and
+safetensors only, so a pickle in place of a file is refused as not what its name says.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +33,21 @@ import safetensors.torch
 import torch
 
 from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
-from ..model.pretrained import atomic_write
+from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "checkpoint_problem",
+    "resumable_checkpoint",
+]
 
 STATE_NAME = "trainer_state.json"
 OPTIMIZER_NAME = "optimizer.safetensors"
 RNG_NAME = "rng.safetensors"
+FILES = (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, OPTIMIZER_NAME, RNG_NAME, STATE_NAME)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], str]:
@@ -72,6 +84,47 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     after a checkpoint's rename leaves that naming the one before."""
     checkpoints = list_checkpoints(run_dir)
     return checkpoints[-1] if checkpoints else None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """What makes checkpoint ``path`` unusable, naming the file: one missing, or one that is not
+    whole JSON or a whole safetensors file (cut short, or something else under that name, such
+    as a pickle); None if every file is there and whole. Reads the safetensors headers, which
+    say how long the data is, not the data."""
+    path = Path(path)
+    for name in FILES:
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing"
+        if name.endswith(".json"):
+            try:
+                json.loads(file.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                return f"{file}: not valid JSON ({e})"
+            continue
+        try:
+            with safetensors.safe_open(str(file), framework="pt"):
+                pass
+        except safetensors.SafetensorError as e:
+            return f"{file}: not a whole safetensors file ({e})"
+    return None
+
+
+def resumable_checkpoint(run_dir: str | Path, log: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint of a run whose files are all there and whole, or None if the run has
+    no checkpoint. Each newer one found broken is passed over with a line to ``log`` naming the
+    file at fault; if all are broken, a ValueError listing them."""
+    checkpoints = list_checkpoints(run_dir)
+    problems = []
+    for path in reversed(checkpoints):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        log(f"checkpoint {path.name} is broken, trying the one before: {problem}")
+        problems.append(problem)
+    if problems:
+        raise ValueError(f"{run_dir}: no checkpoint is whole, so none to resume from: " + "; ".join(problems))
+    return None
 
 
 def _retire(path: Path) -> Path:
@@ -129,10 +182,10 @@ def load_checkpoint(
     state_file = path / STATE_NAME
     if not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: no such file; {path} is not a complete checkpoint")
-    try:
-        state = json.loads(state_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{state_file}: not valid JSON: {e}") from None
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ValueError(f"{path} is not a usable checkpoint: {problem}")
+    state = json.loads(state_file.read_text())
     loaded = type(model).from_pretrained(path, device=next(model.parameters()).device)
     model.load_state_dict(loaded.state_dict())
     if optimizer is not None:

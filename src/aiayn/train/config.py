@@ -11,6 +11,7 @@ overrides such as ``--train.max_steps 100`` or ``--model.d_model 256`` make a ne
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,11 @@ class DataConfig:
     ``phrases`` > 0 mixes in ``{dir}/phrases.{lang}`` pairs (Ding's dictionary entries), at most
     that many per sentence pair (parallel formats only): one seeded sample for the whole run, or,
     with ``resample_phrases``, a fresh one each epoch, so that the run sees more of the dictionary
-    while the ratio to the sentences stays the same. Examples longer than ``max_len`` tokens
-    are skipped and counted.
+    while the ratio to the sentences stays the same. ``phrase_tag`` puts the token ``<phrase>``
+    before each phrase pair's source, so that the model can tell dictionary entries from
+    sentences (as tagged back-translation tags synthetic pairs: Caswell et al., 2019); the model
+    then never produces it (``ModelConfig.suppress_ids``), and real sources never carry it.
+    Examples longer than ``max_len`` tokens are skipped and counted.
     """
 
     format: str = "parallel"
@@ -57,6 +61,7 @@ class DataConfig:
     hf_config: str | None = None
     phrases: float = 0.0
     resample_phrases: bool = False
+    phrase_tag: bool = False  # <phrase> before the source of each phrase pair (Caswell et al., 2019)
     max_len: int = 128
     on_error: str = "raise"
     dev_size: int | None = None  # evaluate on the first N dev pairs (None: all)
@@ -76,6 +81,8 @@ class DataConfig:
             raise ValueError("data.phrases must be >= 0")
         if self.resample_phrases and not self.phrases:
             raise ValueError("data.resample_phrases needs data.phrases > 0 (phrase pairs per sentence pair)")
+        if self.phrase_tag and not self.resample_phrases:
+            raise ValueError("data.phrase_tag tags the phrase pairs drawn each epoch: it needs data.resample_phrases")
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ class TrainConfig:
     ``task`` is ``translation``, ``lm`` (next-token prediction) or ``mlm`` (masked tokens, as in
     BERT: ``mask_prob`` of the tokens chosen, of those 80% replaced by ``<mask>``, 10% by a random
     token, 10% kept; not in the paper).
+
+    ``word_dropout`` (not in the paper; Sennrich & Zhang, 2019, for low-resource NMT after Gal &
+    Ghahramani, 2016): in training batches each source and decoder-input token is replaced by
+    ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
+    the loss scores are untouched.
     """
 
     task: str = "translation"
@@ -101,6 +113,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     eps_ls: float = 0.1
+    word_dropout: float = 0.0  # each input token replaced by <unk> with this probability (training only)
     clip_norm: float | None = None
     max_steps: int | None = None
     max_epochs: int | None = None
@@ -112,7 +125,7 @@ class TrainConfig:
     average_last: int = 0  # average the last N checkpoints at the end (0: off)
     seed: int = 0
     compile: bool = False
-    amp: bool = True  # bf16 autocast on CUDA
+    amp: bool | str = "auto"  # bf16 autocast: auto (where it pays: precision.py), true, false
     log_every: int = 1
 
     def __post_init__(self) -> None:
@@ -126,6 +139,12 @@ class TrainConfig:
             raise ValueError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not 0 < self.mask_prob < 1:
             raise ValueError(f"train.mask_prob must be in (0, 1), got {self.mask_prob!r}")
+        if not 0 <= self.word_dropout < 1:
+            raise ValueError(f"train.word_dropout must be in [0, 1), got {self.word_dropout!r}")
+        if self.word_dropout and self.task == "mlm":
+            raise ValueError("train.word_dropout is for translation and lm; the masked LM corrupts its input already")
+        if self.amp not in (True, False, "auto"):
+            raise ValueError(f"train.amp must be auto, true or false, got {self.amp!r}")
         object.__setattr__(self, "betas", tuple(self.betas))
 
 
@@ -143,8 +162,8 @@ class RunConfig:
                 + ("monolingual text: data.format text" if monolingual else "parallel text, not data.format text")
             )
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, **self.model)
+    def model_config(self, vocab_size: int, **fields: Any) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, **{**self.model, **fields})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,7 +180,8 @@ class RunConfig:
         try:
             model = dict(data.get("model") or {})
             model.pop("vocab_size", None)  # comes from the tokenizer
-            ModelConfig(vocab_size=1 << 16, **model)  # validate the fields now, not after data preparation
+            _check_fields(ModelConfig, model, "model", skip=("vocab_size",))
+            ModelConfig(vocab_size=1 << 16, **model)  # validate the values now, not after data preparation
             return cls(
                 data=_build(DataConfig, data.get("data") or {}, "data"),
                 model=model,
@@ -190,11 +210,21 @@ class RunConfig:
         return cls.from_dict(data, str(path))
 
 
-def _build(cls: type, values: dict[str, Any], section: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+def _check_fields(cls: type, values: dict[str, Any], section: str, skip: tuple[str, ...] = ()) -> None:
+    """A ValueError for names in ``values`` that are not fields of ``cls``: it names the section,
+    each unknown name (with the closest field, for a typo) and the known fields, in their order."""
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    unknown = [name for name in values if name not in known]
     if unknown:
-        raise ValueError(f"{section}: unknown field(s) {', '.join(unknown)}")
+        named = []
+        for name in unknown:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            named.append(f"{name} (did you mean {close[0]}?)" if close else str(name))
+        raise ValueError(f"{section}: unknown field(s) {', '.join(named)}; known fields: {', '.join(known)}")
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    _check_fields(cls, values, section)
     return cls(**values)
 
 

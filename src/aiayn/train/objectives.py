@@ -33,7 +33,7 @@ from .config import DataConfig, TrainConfig
 from .data import load_split, load_texts
 from .loss import label_smoothed_loss
 
-__all__ = ["Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens"]
+__all__ = ["Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens", "drop_words"]
 
 Log = Callable[[str], None]
 
@@ -61,8 +61,9 @@ class Objective:
         """Per example, the (source, target) positions it fills, for ``TokenBatcher``."""
         raise NotImplementedError
 
-    def collate(self, examples: list[Any], config: ModelConfig, seed: int) -> Batch | TextBatch:
-        """A padded batch; ``seed`` fixes any randomness in it (the masked LM's choice of tokens)."""
+    def collate(self, examples: list[Any], config: ModelConfig, seed: int, train: bool = False) -> Batch | TextBatch:
+        """A padded batch; ``seed`` fixes any randomness in it (the masked LM's choice of tokens;
+        with ``train``, word dropout)."""
         raise NotImplementedError
 
     def loss(
@@ -82,6 +83,9 @@ class Translation(Objective):
 
     task, unit, model_class = "translation", "pairs", Transformer
 
+    def __init__(self, word_dropout: float = 0.0) -> None:
+        self.word_dropout = word_dropout
+
     def load(self, data: DataConfig, split: str, log: Log, seed: int, required: bool) -> list[tuple[str, str]]:
         return load_split(data, split, log, seed=seed, required=required)
 
@@ -99,8 +103,16 @@ class Translation(Objective):
     def lengths(self, examples: list[tuple[list[int], list[int]]]) -> list[tuple[int, int]]:
         return [(len(s) + 1, len(t) + 1) for s, t in examples]
 
-    def collate(self, examples: list[tuple[list[int], list[int]]], config: ModelConfig, seed: int) -> Batch:
-        return collate(examples, config.pad_id, config.bos_id, config.eos_id)
+    def collate(
+        self, examples: list[tuple[list[int], list[int]]], config: ModelConfig, seed: int, train: bool = False
+    ) -> Batch:
+        batch = collate(examples, config.pad_id, config.bos_id, config.eos_id)
+        if train and self.word_dropout:
+            generator = torch.Generator().manual_seed(seed)
+            src = drop_words(batch.src, self.word_dropout, generator)  # (B, S)
+            tgt_in = drop_words(batch.tgt_in, self.word_dropout, generator)  # (B, T); tgt_out is scored as is
+            batch = Batch(src, tgt_in, batch.tgt_out, batch.pad_id)
+        return batch
 
     def loss(
         self, model: nn.Module, batch: Batch, eps_ls: float, amp: contextlib.AbstractContextManager | None = None
@@ -143,9 +155,14 @@ class CausalLM(_Monolingual):
 
     task, model_class = "lm", DecoderOnly
 
-    def collate(self, examples: list[list[int]], config: ModelConfig, seed: int) -> TextBatch:
+    def __init__(self, word_dropout: float = 0.0) -> None:
+        self.word_dropout = word_dropout
+
+    def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
         inputs = collate_text([[config.bos_id, *x] for x in examples], config.pad_id)  # (B, L)
         targets = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
+        if train and self.word_dropout:
+            inputs = drop_words(inputs, self.word_dropout, torch.Generator().manual_seed(seed))
         return TextBatch(inputs, targets, config.pad_id)
 
 
@@ -158,7 +175,7 @@ class MaskedLM(_Monolingual):
     def __init__(self, mask_prob: float = 0.15) -> None:
         self.mask_prob = mask_prob
 
-    def collate(self, examples: list[list[int]], config: ModelConfig, seed: int) -> TextBatch:
+    def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
         tokens = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
         maskable = tokens >= len(SPECIAL_TOKENS)  # words, not padding, EOS or other specials
         generator = torch.Generator().manual_seed(seed)
@@ -199,10 +216,28 @@ def mask_tokens(
     return inputs, chosen
 
 
+def drop_words(
+    tokens: Tensor,
+    p: float,
+    generator: torch.Generator,
+    unk_id: int = Tokenizer.unk_id,
+    first_word: int = len(SPECIAL_TOKENS),
+) -> Tensor:
+    """Word dropout (Gal & Ghahramani, 2016; for low-resource NMT, Sennrich & Zhang, 2019): each
+    token of a word (an id >= ``first_word``: not padding, BOS, EOS or a tag) is replaced by
+    ``unk_id`` with probability ``p``, independently. Sennrich & Zhang zero the word's embedding
+    instead; ``<unk>``, whose embedding is learned, does the same without touching the model.
+
+    Shape: tokens ``(B, L)`` -> ``(B, L)``.
+    """
+    dropped = (torch.rand(tokens.shape, generator=generator) < p) & (tokens >= first_word)  # (B, L)
+    return tokens.masked_fill(dropped, unk_id)
+
+
 def objective_for(train: TrainConfig) -> Objective:
     """The objective of ``train.task``."""
     if train.task == "lm":
-        return CausalLM()
+        return CausalLM(train.word_dropout)
     if train.task == "mlm":
         return MaskedLM(train.mask_prob)
-    return Translation()
+    return Translation(train.word_dropout)

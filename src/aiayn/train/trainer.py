@@ -33,11 +33,12 @@ from ..evaluate import Scores, score_translations
 from ..model import DecoderOnly, EncoderOnly, Transformer
 from ..model.pretrained import atomic_write
 from ..progress import progress_bar
-from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .config import RunConfig
 from .data import load_phrases, sample_phrases
 from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
 from .objectives import Objective, Translation, objective_for
+from .precision import Precision, choose_precision, time_passes
 from .schedule import paper_lr
 
 __all__ = ["TrainResult", "train", "evaluate_loss"]
@@ -139,6 +140,25 @@ def evaluate_loss(
     return nll, math.exp(min(nll, 50))
 
 
+def _probe(
+    model: torch.nn.Module, objective: Objective, batches: list[Any], device: torch.device
+) -> tuple[float, float]:
+    """(fp32, bf16) seconds of forward and backward passes over ``batches``, for ``choose_precision``.
+    It leaves no trace: the random state (dropout) is restored and the gradients dropped."""
+    batches = [b.to(device) for b in batches]
+
+    def passes(bf16: bool) -> None:
+        context = Precision("bf16" if bf16 else "fp32", "probe").autocast(device)
+        for batch in batches:
+            loss, _ = objective.loss(model, batch, 0.1, context)
+            (loss / batch.num_tokens).backward()
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        seconds = time_passes(passes)
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
 def _batch_seed(seed: int, step: int, index: int) -> int:
     """The seed of micro-batch ``index`` (0 .. accumulate x world - 1) of ``step``: a function of
     the position in training only, so a resumed run draws the same masks."""
@@ -156,7 +176,8 @@ def train(
     """Train the model of ``run.train.task`` (a ``Transformer`` for translation, a ``DecoderOnly``
     for ``lm``, an ``EncoderOnly`` for ``mlm``) as ``run`` says, writing checkpoints,
     ``metrics.jsonl`` and the final model (``out_dir/model``) into ``out_dir``. With ``resume``,
-    continue from the latest checkpoint exactly where it stopped."""
+    continue from the latest checkpoint exactly where it stopped (from the one before if a file of
+    it is missing or cut short, saying so), or start afresh if there is none."""
     t0 = time.perf_counter()
     d = setup_distributed(device)
     out = Path(out_dir)
@@ -164,9 +185,9 @@ def train(
     cfg = run.train
     objective = objective_for(cfg)
     unit = objective.unit
-    checkpoint = latest_checkpoint(out) if resume else None
-    if resume and checkpoint is None:
-        raise FileNotFoundError(f"{out}: no checkpoint to resume from")
+    checkpoint = resumable_checkpoint(out, say) if resume else None
+    if resume and checkpoint is None:  # killed before its first checkpoint: nothing to lose
+        say(f"{out}: no checkpoint to resume from; starting afresh")
     if not resume and list_checkpoints(out):
         raise ValueError(f"{out} already holds checkpoints: continue it with --resume, or choose another --out")
     if d.main:
@@ -188,6 +209,8 @@ def train(
         tokenizer = Tokenizer.train(objective.texts(bpe_raw), cfg.vocab_size)
         if d.main:
             tokenizer.save(out / TOKENIZER_NAME)
+    if run.data.phrase_tag and tokenizer.phrase_id is None:
+        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint} has no <phrase> token (made before it)")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
     say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
     dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
@@ -197,6 +220,8 @@ def train(
     batcher: TokenBatcher | ResampledBatcher
     if pool_raw:
         pool_examples, pool_skipped = objective.encode(tokenizer, pool_raw, run.data.max_len)
+        if run.data.phrase_tag:
+            pool_examples = [([tokenizer.phrase_id, *s], t) for s, t in pool_examples]
         say(
             f"phrases: {len(pool_examples):,} pairs (skipped {pool_skipped:,} empty or too long); a fresh draw "
             f"of {draw:,} each epoch ({run.data.phrases:g} per sentence pair)"
@@ -217,7 +242,8 @@ def train(
     # Model and optimizer ----------------------------------------------------------------------
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    model_config = run.model_config(tokenizer.vocab_size)
+    suppress = tuple(run.model.get("suppress_ids", ())) + ((tokenizer.phrase_id,) if run.data.phrase_tag else ())
+    model_config = run.model_config(tokenizer.vocab_size, suppress_ids=suppress)  # the tag is never a translation
     model = objective.model_class(model_config).to(d.device)
     if d.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -239,12 +265,24 @@ def train(
             model, device_ids=[d.device] if d.device.type == "cuda" else None
         )
     forward = torch.compile(ddp, dynamic=True) if cfg.compile else ddp
-    amp = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if cfg.amp and d.device.type == "cuda"
-        else contextlib.nullcontext()
-    )
+    if "precision" in state:  # a resumed run keeps the precision it started with
+        precision = Precision(state["precision"], "as the run it resumes")
+    else:
+        def probe() -> tuple[float, float]:
+            batches = [objective.collate([train_examples[i] for i in b], model_config, 0) for b in first[:2]]
+            return _probe(model, objective, batches, d.device)
+
+        precision = choose_precision(cfg.amp, d.device, probe)
+        if d.world > 1:  # every process must train alike: the main process's choice
+            main_bf16 = all_reduce_sum(torch.tensor(float(precision.bf16 and d.main), device=d.device), d).item()
+            precision = precision if precision.bf16 == bool(main_bf16) else Precision(
+                "bf16" if main_bf16 else "fp32", "the main process's choice"
+            )  # fmt: skip
+    state["precision"] = precision.name
+    say(f"precision: {precision.name} ({precision.reason})")
+    amp = precision.autocast(d.device)
     metrics = _Metrics(out / "metrics.jsonl", d.main, state["step"] if checkpoint is not None else None)
+    metrics.log({"kind": "precision", "step": state["step"], "precision": precision.name, "reason": precision.reason})
 
     # Loop ------------------------------------------------------------------------------------
     per_step = cfg.accumulate * d.world
@@ -275,7 +313,7 @@ def train(
         epoch, index, epoch_batches, _ = group[-1]
         state["epoch"], state["index"] = epoch, index + 1  # where the next step starts
         mine = [
-            objective.collate([train_examples[i] for i in indices], model_config, _batch_seed(cfg.seed, step, j))
+            objective.collate([train_examples[i] for i in indices], model_config, _batch_seed(cfg.seed, step, j), True)
             for j, (*_, indices) in enumerate(group)
             if j % d.world == d.rank
         ]
@@ -306,7 +344,7 @@ def train(
         if step % cfg.log_every == 0:
             metrics.log(
                 {
-                    "kind": "train", "step": step, "epoch": epoch, "loss": round(train_loss, 6), "lr": lr,
+                    "kind": "train", "step": step, "epoch": epoch, "loss": train_loss, "lr": lr,
                     "tokens": int(positions), "tokens_per_s": round(positions / seconds, 1),
                     "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
                 }

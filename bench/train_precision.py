@@ -1,0 +1,132 @@
+"""Training speed in bfloat16 autocast against float32, at the Ding preset's settings and a few
+model widths, in one run: what ``train.amp: auto`` decides between (``aiayn/train/precision.py``).
+
+Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` tokens, batches of
+<= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of N = 3 + 3 layers, d_ff = 4
+d_model, h = 4, P_drop 0.1, label smoothing 0.1, Adam; one training step = forward, backward and
+the update. The two precisions take their steps on the same batches, alternating in blocks of
+``--block`` steps after a warm-up, so that a slow spell of the machine falls on both. Tokens/s
+counts non-pad source + target tokens. Also the bf16 matmul peak beside the fp32 one: bf16's
+share of what the machine offers.
+
+    python bench/train_precision.py [--d-model 128 256 512] [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from aiayn import ModelConfig, Transformer
+from aiayn.data.batching import TokenBatcher
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.train.objectives import Translation
+from aiayn.train.precision import Precision, native_bf16
+from common import machine, matmul_peak, table, write_result
+
+DATA = Path(__file__).parent.parent / "data" / "ding"
+
+
+def bf16_peak(n: int = 2048, seconds: float = 1.0) -> float:
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def ding_batches(vocab: int, max_tokens: int, count: int) -> tuple[list, int]:
+    src = (DATA / "train.de").read_text(encoding="utf-8").splitlines()
+    tgt = (DATA / "train.en").read_text(encoding="utf-8").splitlines()
+    tokenizer = Tokenizer.train(src + tgt, vocab)
+    objective = Translation()
+    examples, _ = objective.encode(tokenizer, list(zip(src, tgt, strict=True)), 64)
+    batches = TokenBatcher(objective.lengths(examples), max_tokens, seed=0).epoch(0)[:count]
+    config = ModelConfig.tiny(tokenizer.vocab_size)
+    return [objective.collate([examples[i] for i in b], config, 0) for b in batches], tokenizer.vocab_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d-model", type=int, nargs="+", default=[128, 256, 512])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per precision and width")
+    parser.add_argument("--block", type=int, default=5, help="steps per turn")
+    parser.add_argument("--vocab", type=int, default=4000)
+    parser.add_argument("--max-tokens", type=int, default=1536)
+    parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
+    args = parser.parse_args()
+    device = torch.device("cpu")
+    print("measuring the matmul peaks ...", flush=True)
+    peak32, peak16 = matmul_peak(), bf16_peak()
+    print(f"fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s; native bf16: {native_bf16(device)}")
+    batches, vocab = ding_batches(args.vocab, args.max_tokens, args.steps + args.block)
+    objective = Translation()
+    rows = []
+    for d_model in args.d_model:
+        config = ModelConfig(
+            vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=4, P_drop=0.1, norm_first=True
+        )  # fmt: skip
+        runs = {}
+        for name in ("fp32", "bf16"):
+            torch.manual_seed(0)
+            model = Transformer(config).train()
+            fused = args.adam == "fused"
+            optimizer = torch.optim.Adam(
+                model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=not fused
+            )  # fmt: skip
+            runs[name] = (model, optimizer, Precision(name, "bench").autocast(device), [0.0, 0])
+
+        def step(name: str, batch, runs=runs) -> None:
+            model, optimizer, amp, _ = runs[name]
+            loss, _ = objective.loss(model, batch, 0.1, amp)
+            (loss / batch.num_tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        print(f"d_model {d_model}: warm-up ...", flush=True)
+        for name in runs:
+            for batch in batches[: args.block]:
+                step(name, batch)
+        timed = batches[args.block :]
+        for start in range(0, len(timed), args.block):
+            for name in runs:
+                for batch in timed[start : start + args.block]:
+                    t0 = time.perf_counter()
+                    step(name, batch)
+                    runs[name][3][0] += time.perf_counter() - t0
+                    runs[name][3][1] += batch.num_positions
+        rate = {name: r[3][1] / r[3][0] for name, r in runs.items()}
+        steps = len(timed)
+        params = sum(p.numel() for p in runs["fp32"][0].parameters())
+        for name in runs:
+            rows.append(
+                {
+                    "d_model": d_model, "precision": name, "params": params, "tokens_per_s": round(rate[name]),
+                    "steps_per_s": round(steps / runs[name][3][0], 2),
+                    "ratio_vs_fp32": round(rate[name] / rate["fp32"], 2),
+                }
+            )  # fmt: skip
+        print(table(rows[-2:], [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
+                                ("ratio_vs_fp32", "× fp32")]), flush=True)  # fmt: skip
+    result = {
+        "benchmark": "train_precision", "command": "python " + " ".join(sys.argv), "machine": machine(),
+        "native_bf16": native_bf16(device), "matmul_peak_gflops": round(peak32 / 1e9, 1),
+        "bf16_matmul_peak_gflops": round(peak16 / 1e9, 1), "rows": rows,
+    }  # fmt: skip
+    path = write_result("train_precision", result)
+    print()
+    columns = [("d_model", "d_model"), ("params", "parameters"), ("precision", "precision"),
+               ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32")]  # fmt: skip
+    print(table(rows, columns))
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()

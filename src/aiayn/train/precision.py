@@ -1,0 +1,106 @@
+"""Training precision: float32, or bfloat16 autocast where the machine runs it faster (``train.amp``).
+
+Not in the paper (which trained in float32 on P100s). bfloat16 keeps float32's exponent range, so
+no loss scaling is needed; parameters, gradients as accumulated and Adam's state stay float32,
+and autocast runs the products (``mm``, ``addmm``) in bfloat16 while layer norm, softmax and the
+label-smoothed loss stay in float32 (the loss upcasts its logits: ``loss.py``).
+
+``train.amp``:
+- ``auto`` (default): bfloat16 on CUDA where the GPU supports it; on a CPU only where it has
+  native bfloat16 products (AMX or AVX512_BF16) *and* a probe of this very model, a few
+  forward and backward passes on a real training batch in each precision, finds bfloat16 at
+  least ``MIN_GAIN`` times faster. Small models gain nothing: at the Ding preset's d_model 128
+  the products are too small for the casts around them to pay (docs/benchmarks.md). A CPU
+  without native bfloat16 (AVX2) emulates it, ~100x slower than float32: never chosen there.
+- ``true``: bfloat16 autocast regardless (on a CPU without native bfloat16, with a warning).
+- ``false``: float32.
+
+The choice, and why, is printed and recorded in ``metrics.jsonl`` (``kind: precision``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Precision", "MIN_GAIN", "native_bf16", "choose_precision", "time_passes"]
+
+MIN_GAIN = 1.1  # bf16 must beat fp32 by this factor in the probe: a margin over the timing noise
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a run trains in: ``bf16`` (bfloat16 autocast) or ``fp32``, and why."""
+
+    name: str
+    reason: str
+
+    @property
+    def bf16(self) -> bool:
+        return self.name == "bf16"
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """The context the forward pass runs in."""
+        if self.bf16:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+def native_bf16(device: torch.device) -> str | None:
+    """What runs bfloat16 products natively on ``device`` (``"AMX"``, ``"AVX512_BF16"``,
+    ``"CUDA"``), or None where bfloat16 is emulated or unsupported."""
+    if device.type == "cuda":
+        return "CUDA" if torch.cuda.is_bf16_supported() else None
+    if device.type != "cpu":
+        return None
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "AVX512_BF16"
+    return None
+
+
+def choose_precision(
+    amp: bool | str, device: torch.device, probe: Callable[[], tuple[float, float]] | None = None
+) -> Precision:
+    """The precision for ``train.amp`` (``"auto"``, True, False) on ``device``. ``probe`` times
+    the model's passes and returns ``(fp32 seconds, bf16 seconds)``; ``auto`` calls it only on a
+    CPU with native bfloat16 (and then needs it)."""
+    if amp is False:
+        return Precision("fp32", "train.amp false")
+    native = native_bf16(device)
+    if amp is True:
+        return Precision("bf16", "train.amp true" + ("" if native else f" (no native bfloat16 on this {device.type})"))
+    if device.type == "cuda":
+        return Precision("bf16", "CUDA with bfloat16") if native else Precision("fp32", "this GPU has no bfloat16")
+    if native is None:
+        return Precision("fp32", f"no native bfloat16 on this {device.type} (AMX or AVX512_BF16)")
+    if probe is None:
+        raise ValueError("choose_precision: train.amp auto on a CPU with native bfloat16 needs a probe")
+    fp32, bf16 = probe()
+    gain = fp32 / bf16
+    verdict = "bf16" if gain >= MIN_GAIN else "fp32"
+    return Precision(
+        verdict,
+        f"{native}: bfloat16 autocast ran {gain:.2f}x float32 in a probe of this model "
+        f"({fp32 * 1e3:.0f} ms against {bf16 * 1e3:.0f} ms a pass; bf16 needs >= {MIN_GAIN:g}x)",
+    )
+
+
+def time_passes(passes: Callable[[bool], None], repeats: int = 3) -> tuple[float, float]:
+    """Median seconds of ``passes(bf16)`` for float32 and bfloat16, after one untimed warm-up of
+    each, the two alternating so that a slow spell of the machine falls on both."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for bf16 in (False, True):
+        passes(bf16)
+    for _ in range(repeats):
+        for bf16 in (False, True):
+            start = time.perf_counter()
+            passes(bf16)
+            times[bf16].append(time.perf_counter() - start)
+    return statistics.median(times[False]), statistics.median(times[True])

@@ -1,0 +1,216 @@
+"""The trainer's recipe levers end to end, each on a few steps of a tiny model: ``data.phrase_tag``
+(the <phrase> tag on dictionary pairs' sources, never produced), ``train.word_dropout`` (training
+batches only) and ``train.amp`` (the precision chosen, logged, checkpointed, kept on resume; the
+probe leaving the run as it would have been). The corpus of test_trainer.py."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tests.train.test_trainer import losses, write_config, write_corpus
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.train import objectives
+from aiayn.train import precision as precision_module
+from aiayn.train import trainer as trainer_module
+from aiayn.train.config import DataConfig, RunConfig, parse_overrides
+from aiayn.train.objectives import Translation
+from aiayn.train.trainer import train
+
+UNK, PHRASE = 3, 5
+QUIET = {"progress": False, "log": lambda _: None}
+# dictionary entries with words of their own, so that a pair tells where it came from
+ENTRIES = {"baum": "tree", "see": "lake", "berg": "mountain", "blau": "blue", "alt": "old"}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    return write_corpus(root, n_train=60)
+
+
+def write_entries(root: Path, n: int = 120) -> None:
+    """``phrases.{de,en}``: n entries of one or two words of ``ENTRIES``."""
+    g = torch.Generator().manual_seed(2)
+    german = list(ENTRIES)
+    de, en = [], []
+    for _ in range(n):
+        n_words = int(torch.randint(1, 3, (1,), generator=g))
+        words = [german[i] for i in torch.randint(0, len(german), (n_words,), generator=g)]
+        de.append(" ".join(words))
+        en.append(" ".join(ENTRIES[w] for w in words))
+    (root / "phrases.de").write_text("\n".join(de) + "\n")
+    (root / "phrases.en").write_text("\n".join(en) + "\n")
+
+
+def record_collates(monkeypatch) -> list[tuple[list, str, object]]:
+    """Every ``Translation.collate`` call: (examples, phase, batch), the phase ``"train"`` for the
+    training batches (train=True), ``"dev"`` inside ``evaluate_loss``, ``"other"`` else (the
+    batches the precision probe would time)."""
+    calls = []
+    collate, evaluate_loss = Translation.collate, trainer_module.evaluate_loss
+    in_dev = []
+
+    def recording(self, examples, config, seed, train=False):
+        batch = collate(self, examples, config, seed, train)
+        calls.append((examples, "dev" if in_dev else "train" if train else "other", batch))
+        assert not (train and in_dev)
+        return batch
+
+    def evaluating(*args, **kwargs):
+        in_dev.append(1)
+        try:
+            return evaluate_loss(*args, **kwargs)
+        finally:
+            in_dev.pop()
+
+    monkeypatch.setattr(Translation, "collate", recording)
+    monkeypatch.setattr(trainer_module, "evaluate_loss", evaluating)
+    return calls
+
+
+# data.phrase_tag ---------------------------------------------------------------------------------
+
+
+def test_phrase_tag_marks_exactly_the_phrase_pairs_and_the_model_never_produces_it(tmp_path, corpus, monkeypatch):
+    """Every training example whose source starts with <phrase> is a line of phrases.{de,en},
+    every other one a line of train.{de,en}; the tag is nowhere else (not in targets, not in the
+    dev batches); the saved model suppresses it."""
+    write_entries(corpus)
+    config = write_config(tmp_path, corpus, max_steps=6, checkpoint_every=3, eval_every=3, amp=False)
+    overrides = ["--data.phrases", "1.0", "--data.resample_phrases", "true", "--data.phrase_tag", "true"]
+    calls = record_collates(monkeypatch)
+    train(RunConfig.from_yaml(config, parse_overrides(overrides)), tmp_path / "run", **QUIET)
+
+    out = tmp_path / "run"
+    tokenizer = Tokenizer.load(out / "model" / "tokenizer.json")
+    assert tokenizer.phrase_id == PHRASE
+    for directory in (out / "model", out / "checkpoints" / "step_00000006"):
+        assert json.loads((directory / "config.json").read_text())["suppress_ids"] == [PHRASE]
+
+    phrases = {(de, en) for de, en in zip(
+        (corpus / "phrases.de").read_text().splitlines(), (corpus / "phrases.en").read_text().splitlines(), strict=True
+    )}  # fmt: skip
+    sentences = set(zip((corpus / "train.de").read_text().splitlines(), (corpus / "train.en").read_text().splitlines(),
+                        strict=True))  # fmt: skip
+    tagged = untagged = 0
+    training = [(examples, batch) for examples, phase, batch in calls if phase == "train"]
+    dev = [batch for _, phase, batch in calls if phase == "dev"]
+    assert training and dev
+    for examples, batch in training:
+        for row, (src, tgt) in enumerate(examples):
+            assert PHRASE not in src[1:] and PHRASE not in tgt
+            pair = (tokenizer.decode(src), tokenizer.decode(tgt))  # decode skips the tag
+            if src[0] == PHRASE:
+                tagged += 1
+                assert pair in phrases, pair
+                assert batch.src[row, 0] == PHRASE
+            else:
+                untagged += 1
+                assert pair in sentences, pair
+        assert not (batch.tgt_in == PHRASE).any() and not (batch.tgt_out == PHRASE).any()
+    assert tagged > 10 and untagged > 10
+    assert not any((batch.src == PHRASE).any() for batch in dev)  # dev sources are real sentences
+
+
+def test_phrase_tag_needs_resampled_phrases(tmp_path, corpus):
+    with pytest.raises(ValueError, match=r"phrase_tag.*resample_phrases"):
+        DataConfig(dir=str(corpus), phrases=1.0, phrase_tag=True)
+    assert DataConfig(dir=str(corpus), phrases=1.0, resample_phrases=True, phrase_tag=True).phrase_tag
+    config = write_config(tmp_path, corpus, max_steps=1)
+    with pytest.raises(ValueError, match="phrase_tag"):
+        RunConfig.from_yaml(config, parse_overrides(["--data.phrases", "1.0", "--data.phrase_tag", "true"]))
+
+
+# train.word_dropout -------------------------------------------------------------------------------
+
+
+def test_word_dropout_applies_to_training_batches_only(tmp_path, corpus, monkeypatch):
+    """Training batches are collated with train=True and hold <unk> in place of about p of the
+    source words (the corpus has no unknown word, so every <unk> is a dropped word); the dev
+    batches (evaluate_loss) are collated with train=False and hold none."""
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=2, amp=False)
+    calls = record_collates(monkeypatch)
+    train(RunConfig.from_yaml(config, parse_overrides(["--train.word_dropout", "0.3"])), tmp_path / "run", **QUIET)
+    training = [batch for _, phase, batch in calls if phase == "train"]
+    dev = [batch for _, phase, batch in calls if phase == "dev"]
+    assert len(training) == 4 and dev
+    dropped = sum(int((b.src == UNK).sum()) for b in training)
+    words = sum(int((b.src >= 6).sum()) + int((b.src == UNK).sum()) for b in training)
+    assert 0.2 < dropped / words < 0.4
+    assert all(not (b.src == UNK).any() and not (b.tgt_in == UNK).any() for b in dev)
+    assert all(not (b.tgt_out == UNK).any() for b in training)
+
+
+# train.amp ------------------------------------------------------------------------------------------
+
+
+def precision_records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "precision"]
+
+
+def no_probe(*args, **kwargs):
+    raise AssertionError("the probe must not run here")
+
+
+def test_amp_true_trains_in_bf16_and_a_resumed_run_keeps_it(tmp_path, corpus, monkeypatch):
+    """The training steps' logits come out of bfloat16 autocast (the dev loss's do not); the
+    choice is said, logged and checkpointed; resumed with train.amp false, the run keeps
+    bfloat16 (its losses would otherwise change precision mid-run)."""
+    monkeypatch.setattr(trainer_module, "_probe", no_probe)
+    logits = []  # (dtype, eps_ls): training steps smooth the labels, the dev loss does not
+    loss = objectives.label_smoothed_loss
+    monkeypatch.setattr(objectives, "label_smoothed_loss", lambda x, t, e: logits.append((x.dtype, e)) or loss(x, t, e))
+    config = write_config(tmp_path, corpus, max_steps=3, checkpoint_every=3, eval_every=3, amp=True)
+    said: list[str] = []
+    train(RunConfig.from_yaml(config), tmp_path / "run", progress=False, log=said.append)
+    out = tmp_path / "run"
+    assert any(line.startswith("precision: bf16 (train.amp true") for line in said), said
+    assert [(r["step"], r["precision"]) for r in precision_records(out)] == [(0, "bf16")]
+    state = json.loads((out / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    assert state["precision"] == "bf16"
+    assert all(v == v and abs(v) < 1e3 for v in losses(out).values())  # finite
+    assert {dtype for dtype, eps in logits if eps} == {torch.bfloat16}
+    assert {dtype for dtype, eps in logits if not eps} == {torch.float32}
+
+    said.clear()
+    logits.clear()
+    resumed = RunConfig.from_yaml(config, parse_overrides(["--train.amp", "false", "--train.max_steps", "5"]))
+    train(resumed, out, resume=True, progress=False, log=said.append)
+    assert any(line == "precision: bf16 (as the run it resumes)" for line in said), said
+    assert [(r["step"], r["precision"]) for r in precision_records(out)] == [(0, "bf16"), (3, "bf16")]
+    assert sorted(losses(out)) == [1, 2, 3, 4, 5]
+    assert {dtype for dtype, eps in logits if eps} == {torch.bfloat16}
+
+
+def test_auto_without_native_bf16_trains_in_fp32_without_probing(tmp_path, corpus, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(trainer_module, "_probe", no_probe)
+    config = write_config(tmp_path, corpus, max_steps=2, checkpoint_every=None, eval_every=100, amp="auto")
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    [record] = precision_records(tmp_path / "run")
+    assert record["precision"] == "fp32" and "no native bfloat16" in record["reason"]
+
+
+def test_the_probe_leaves_the_run_as_without_it(tmp_path, corpus, monkeypatch):
+    """train.amp auto on a CPU with native bfloat16 (AMX, as far as the run knows) runs the real
+    probe on real batches; with the bar for bfloat16 out of reach it chooses float32, and the
+    losses are those of train.amp false, step for step: the probe changed no weight, gradient,
+    dropout draw or batch."""
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=100, amp=False)
+    train(RunConfig.from_yaml(config), tmp_path / "fp32", **QUIET)
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(precision_module, "MIN_GAIN", 1e9)
+    probed = []
+    probe = trainer_module._probe
+    monkeypatch.setattr(trainer_module, "_probe", lambda *a: probed.append(1) or probe(*a))
+    train(RunConfig.from_yaml(config, parse_overrides(["--train.amp", "auto"])), tmp_path / "auto", **QUIET)
+    assert probed == [1]
+    [record] = precision_records(tmp_path / "auto")
+    assert record["precision"] == "fp32" and record["reason"].startswith("AMX: ") and "probe" in record["reason"]
+    assert losses(tmp_path / "auto") == losses(tmp_path / "fp32")
