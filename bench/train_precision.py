@@ -6,8 +6,8 @@ Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` t
 d_model, h = 4, P_drop 0.1, label smoothing 0.1, Adam; one training step = forward, backward and
 the update. The two precisions take their steps on the same batches, alternating in blocks of
 ``--block`` steps after a warm-up, so that a slow spell of the machine falls on both. Tokens/s
-counts non-pad source + target tokens. Also the bf16 matmul peak beside the fp32 one: bf16's
-share of what the machine offers.
+counts non-pad source + target tokens; each precision's model FLOPs are stated as a fraction of
+its own matmul peak (fp32's, or bf16's, measured in the same run).
 
     python bench/train_precision.py [--d-model 128 256 512] [--steps 30]
 """
@@ -40,6 +40,15 @@ def bf16_peak(n: int = 2048, seconds: float = 1.0) -> float:
         a @ b
         reps += 1
     return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def useful_flops(model: Transformer, batch) -> int:
+    """Model FLOPs of a training step at non-pad positions: 6 per parameter and token (forward and
+    backward products), the encoder's at source tokens, the decoder's and the output projection's
+    at target tokens; attention scores left out."""
+    encoder = sum(p.numel() for p in model.encoder.parameters())
+    decoder = sum(p.numel() for p in model.decoder.parameters()) + model.config.vocab_size * model.config.d_model
+    return 6 * (encoder * batch.num_src_tokens + decoder * batch.num_tokens)
 
 
 def ding_batches(vocab: int, max_tokens: int, count: int) -> tuple[list, int]:
@@ -81,7 +90,7 @@ def main() -> None:
             optimizer = torch.optim.Adam(
                 model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=not fused
             )  # fmt: skip
-            runs[name] = (model, optimizer, Precision(name, "bench").autocast(device), [0.0, 0])
+            runs[name] = (model, optimizer, Precision(name, "bench").autocast(device), [0.0, 0, 0])
 
         def step(name: str, batch, runs=runs) -> None:
             model, optimizer, amp, _ = runs[name]
@@ -102,6 +111,7 @@ def main() -> None:
                     step(name, batch)
                     runs[name][3][0] += time.perf_counter() - t0
                     runs[name][3][1] += batch.num_positions
+                    runs[name][3][2] += useful_flops(runs[name][0], batch)
         rate = {name: r[3][1] / r[3][0] for name, r in runs.items()}
         steps = len(timed)
         params = sum(p.numel() for p in runs["fp32"][0].parameters())
@@ -111,6 +121,7 @@ def main() -> None:
                     "d_model": d_model, "precision": name, "params": params, "tokens_per_s": round(rate[name]),
                     "steps_per_s": round(steps / runs[name][3][0], 2),
                     "ratio_vs_fp32": round(rate[name] / rate["fp32"], 2),
+                    "mfu": round(runs[name][3][2] / runs[name][3][0] / (peak16 if name == "bf16" else peak32), 3),
                 }
             )  # fmt: skip
         print(table(rows[-2:], [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
@@ -123,7 +134,8 @@ def main() -> None:
     path = write_result("train_precision", result)
     print()
     columns = [("d_model", "d_model"), ("params", "parameters"), ("precision", "precision"),
-               ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32")]  # fmt: skip
+               ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32"),
+               ("mfu", "of its precision's peak")]  # fmt: skip
     print(table(rows, columns))
     print(f"\nwritten to {path}")
 

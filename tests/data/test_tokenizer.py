@@ -2,7 +2,7 @@
 
 import pytest
 
-from aiayn.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from aiayn.data.tokenizer import PHRASE_TOKEN, SPECIAL_TOKENS, Tokenizer
 from aiayn.model import ModelConfig
 
 CORPUS = [
@@ -22,7 +22,8 @@ def tokenizer():
 def test_special_ids_match_model_config(tokenizer):
     config = ModelConfig.tiny(tokenizer.vocab_size)
     assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (config.pad_id, config.bos_id, config.eos_id)
-    assert [tokenizer.hf.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4, 5]
+    assert [tokenizer.hf.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert tokenizer.phrase_id is None and tokenizer.hf.token_to_id(PHRASE_TOKEN) is None  # only with phrase_tag
     assert tokenizer.vocab_size <= 400
 
 
@@ -104,7 +105,12 @@ def test_a_tokenizer_larger_than_the_model_is_an_error_naming_the_file(tokenizer
         Tokenizer.load(tmp_path / "tokenizer.json", tokenizer.vocab_size - 1)
 
 
-# <phrase> (data.phrase_tag) and tokenizers saved before it ------------------------------------------
+# <phrase> (data.phrase_tag): a tokenizer trained with it, and one without ------------------------------
+
+
+@pytest.fixture(scope="module")
+def tagged():
+    return Tokenizer.train(CORPUS, vocab_size=400, phrase_tag=True)
 
 
 def five_special_tokenizer(tmp_path) -> Tokenizer:
@@ -125,8 +131,9 @@ def five_special_tokenizer(tmp_path) -> Tokenizer:
     return Tokenizer.load(tmp_path / "old.json")
 
 
-def test_phrase_tag_is_special_token_5_and_decode_skips_it(tokenizer):
-    assert tokenizer.phrase_id == 5 == SPECIAL_TOKENS.index("<phrase>")
+def test_phrase_tag_is_special_token_5_and_decode_skips_it(tagged):
+    tokenizer = tagged
+    assert tokenizer.phrase_id == 5 == len(SPECIAL_TOKENS)
     assert tokenizer.hf.id_to_token(5) == "<phrase>" and tokenizer.num_special == 6
     ids = tokenizer.encode("Es war purer Zufall.")
     assert tokenizer.decode([tokenizer.phrase_id, *ids]) == "Es war purer Zufall."
@@ -134,10 +141,11 @@ def test_phrase_tag_is_special_token_5_and_decode_skips_it(tokenizer):
     assert tokenizer.pieces([tokenizer.phrase_id]) == ["<phrase>"]
 
 
-def test_a_literal_phrase_tag_in_a_text_is_text(tokenizer):
+def test_a_literal_phrase_tag_in_a_text_is_text(tagged):
     """A source sentence that says "<phrase>" must not carry the tag that marks dictionary pairs."""
+    tokenizer = tagged
     ids = tokenizer.encode("ein <phrase> hier")
-    assert tokenizer.phrase_id not in ids and all(i >= len(SPECIAL_TOKENS) for i in ids)
+    assert tokenizer.phrase_id not in ids and all(i >= tokenizer.num_special for i in ids)
     assert tokenizer.decode(ids) == "ein <phrase> hier"
 
 

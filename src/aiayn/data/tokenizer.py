@@ -5,8 +5,8 @@ characters never seen in training included, round-trips exactly (surrounding whi
 stripped). Saved as ``tokenizer.json`` beside the model.
 
 Special tokens have fixed ids, matching ``ModelConfig``'s defaults:
-``<pad>`` 0, ``<s>`` (BOS) 1, ``</s>`` (EOS) 2, ``<unk>`` 3, ``<mask>`` 4, ``<phrase>`` 5 (the tag
-of dictionary pairs' sources, ``data.phrase_tag``; tokenizers saved before it have 5 specials).
+``<pad>`` 0, ``<s>`` (BOS) 1, ``</s>`` (EOS) 2, ``<unk>`` 3, ``<mask>`` 4; a tokenizer trained with
+``phrase_tag`` (for ``data.phrase_tag``) also has ``<phrase>`` 5, the tag of dictionary pairs' sources.
 
 The literal text ``<mask>`` encodes as the mask token (for ``aiayn fill-mask``), as the masked
 LM saw a masked word in training: the whitespace before it is dropped, because the masked token
@@ -24,10 +24,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-__all__ = ["Tokenizer", "SPECIAL_TOKENS", "TOKENIZER_NAME"]
+__all__ = ["Tokenizer", "SPECIAL_TOKENS", "PHRASE_TOKEN", "TOKENIZER_NAME"]
 
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", "<phrase>"]
-_REQUIRED = 5  # the first five; "<phrase>" came later
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
+PHRASE_TOKEN = "<phrase>"  # id 5 where present
 TOKENIZER_NAME = "tokenizer.json"
 MASK_TOKEN = "<mask>"
 _SPACE_BEFORE_MASK = re.compile(r"\s+(?=<mask>)")
@@ -51,10 +51,12 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         for i, token in enumerate(SPECIAL_TOKENS):
-            if hf.token_to_id(token) != i and (i < _REQUIRED or hf.token_to_id(token) is not None):
+            if hf.token_to_id(token) != i:
                 raise ValueError(f"tokenizer: special token {token} must have id {i}")
-        # ids below this are control tokens, never text
-        self.num_special = len(SPECIAL_TOKENS) if hf.token_to_id(SPECIAL_TOKENS[-1]) is not None else _REQUIRED
+        tag = hf.token_to_id(PHRASE_TOKEN)
+        if tag not in (None, len(SPECIAL_TOKENS)):
+            raise ValueError(f"tokenizer: special token {PHRASE_TOKEN} must have id {len(SPECIAL_TOKENS)}")
+        self.num_special = len(SPECIAL_TOKENS) + (tag is not None)  # ids below are control tokens, never text
         # literal "<s>", "</s>", "<pad>", "<unk>" in a text are text (bytes), not control tokens;
         # "<mask>" is split out by hand where wanted (``_encode_masked``)
         hf.encode_special_tokens = True
@@ -62,15 +64,18 @@ class Tokenizer:
         self._continuation: HFTokenizer | None = None  # the same BPE without the prefix space
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-        """Learn a byte-level BPE of ``vocab_size`` entries (specials included) from ``texts``."""
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2, phrase_tag: bool = False
+    ) -> Tokenizer:
+        """Learn a byte-level BPE of ``vocab_size`` entries (specials included) from ``texts``;
+        with ``phrase_tag``, ``<phrase>`` is a special token too (id 5)."""
         hf = HFTokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=SPECIAL_TOKENS,
+            special_tokens=SPECIAL_TOKENS + [PHRASE_TOKEN] * phrase_tag,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
@@ -79,8 +84,8 @@ class Tokenizer:
 
     @property
     def phrase_id(self) -> int | None:
-        """The id of ``<phrase>``, the tag of dictionary pairs' sources (None in older tokenizers)."""
-        return 5 if self.num_special > 5 else None
+        """The id of ``<phrase>``, the tag of dictionary pairs' sources (None unless trained with it)."""
+        return len(SPECIAL_TOKENS) if self.num_special > len(SPECIAL_TOKENS) else None
 
     @property
     def vocab_size(self) -> int:

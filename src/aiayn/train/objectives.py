@@ -109,8 +109,9 @@ class Translation(Objective):
         batch = collate(examples, config.pad_id, config.bos_id, config.eos_id)
         if train and self.word_dropout:
             generator = torch.Generator().manual_seed(seed)
-            src = drop_words(batch.src, self.word_dropout, generator)  # (B, S)
-            tgt_in = drop_words(batch.tgt_in, self.word_dropout, generator)  # (B, T); tgt_out is scored as is
+            keep = config.suppress_ids  # a tag (data.phrase_tag) is not a word
+            src = drop_words(batch.src, self.word_dropout, generator, keep=keep)  # (B, S)
+            tgt_in = drop_words(batch.tgt_in, self.word_dropout, generator, keep=keep)  # (B, T); tgt_out as is
             batch = Batch(src, tgt_in, batch.tgt_out, batch.pad_id)
         return batch
 
@@ -162,7 +163,8 @@ class CausalLM(_Monolingual):
         inputs = collate_text([[config.bos_id, *x] for x in examples], config.pad_id)  # (B, L)
         targets = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
         if train and self.word_dropout:
-            inputs = drop_words(inputs, self.word_dropout, torch.Generator().manual_seed(seed))
+            generator = torch.Generator().manual_seed(seed)
+            inputs = drop_words(inputs, self.word_dropout, generator, keep=config.suppress_ids)  # (B, L)
         return TextBatch(inputs, targets, config.pad_id)
 
 
@@ -222,15 +224,17 @@ def drop_words(
     generator: torch.Generator,
     unk_id: int = Tokenizer.unk_id,
     first_word: int = len(SPECIAL_TOKENS),
+    keep: tuple[int, ...] = (),
 ) -> Tensor:
     """Word dropout (Gal & Ghahramani, 2016; for low-resource NMT, Sennrich & Zhang, 2019): each
-    token of a word (an id >= ``first_word``: not padding, BOS, EOS or a tag) is replaced by
-    ``unk_id`` with probability ``p``, independently. Sennrich & Zhang zero the word's embedding
+    token of a word (an id >= ``first_word``, not in ``keep``: not padding, BOS, EOS or a tag) is
+    replaced by ``unk_id`` with probability ``p``, independently. Sennrich & Zhang zero the word's embedding
     instead; ``<unk>``, whose embedding is learned, does the same without touching the model.
 
     Shape: tokens ``(B, L)`` -> ``(B, L)``.
     """
-    dropped = (torch.rand(tokens.shape, generator=generator) < p) & (tokens >= first_word)  # (B, L)
+    words = (tokens >= first_word) & ~torch.isin(tokens, torch.tensor(keep, dtype=tokens.dtype))  # (B, L)
+    dropped = (torch.rand(tokens.shape, generator=generator) < p) & words  # (B, L)
     return tokens.masked_fill(dropped, unk_id)
 
 

@@ -206,7 +206,7 @@ def train(
     else:
         bpe_raw = train_raw + bpe_phrases
         say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(bpe_raw):,} {unit} ...")
-        tokenizer = Tokenizer.train(objective.texts(bpe_raw), cfg.vocab_size)
+        tokenizer = Tokenizer.train(objective.texts(bpe_raw), cfg.vocab_size, phrase_tag=run.data.phrase_tag)
         if d.main:
             tokenizer.save(out / TOKENIZER_NAME)
     if run.data.phrase_tag and tokenizer.phrase_id is None:
