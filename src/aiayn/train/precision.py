@@ -7,9 +7,9 @@ label-smoothed loss stay in float32 (the loss upcasts its logits: ``loss.py``).
 
 ``train.amp``:
 - ``auto`` (default): bfloat16 on CUDA where the GPU supports it; on a CPU only where it has
-  native bfloat16 products (AMX or AVX512_BF16) *and* a probe of this very model, a few
-  forward and backward passes on a real training batch in each precision, finds bfloat16 at
-  least ``MIN_GAIN`` times faster. Small models gain nothing: at the Ding preset's d_model 128
+  native bfloat16 products (AMX or AVX512_BF16) *and* a probe of this very model, forward and
+  backward passes over the first training batches in each precision, finds bfloat16 at least
+  ``MIN_GAIN`` times faster. Small models gain nothing: at the Ding preset's d_model 128
   the products are too small for the casts around them to pay (docs/benchmarks.md). A CPU
   without native bfloat16 (AVX2) emulates it, ~100x slower than float32: never chosen there.
 - ``true``: bfloat16 autocast regardless (on a CPU without native bfloat16, with a warning).
@@ -21,7 +21,6 @@ The choice, and why, is printed and recorded in ``metrics.jsonl`` (``kind: preci
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,19 +87,23 @@ def choose_precision(
     return Precision(
         verdict,
         f"{native}: bfloat16 autocast ran {gain:.2f}x float32 in a probe of this model "
-        f"({fp32 * 1e3:.0f} ms against {bf16 * 1e3:.0f} ms a pass; bf16 needs >= {MIN_GAIN:g}x)",
+        f"({fp32:.2f} s against {bf16:.2f} s over the same batches; bf16 needs >= {MIN_GAIN:g}x)",
     )
 
 
-def time_passes(passes: Callable[[bool], None], repeats: int = 3) -> tuple[float, float]:
-    """Median seconds of ``passes(bf16)`` for float32 and bfloat16, after one untimed warm-up of
-    each, the two alternating so that a slow spell of the machine falls on both."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+def time_passes(passes: Callable[[bool, int], None], count: int) -> tuple[float, float]:
+    """Total seconds of ``passes(bf16, i)`` over batches ``i = 1 .. count - 1`` for float32 and for
+    bfloat16, after an untimed ``passes(·, 0)`` warm-up of each; the two alternate batch by batch,
+    so that a slow spell of the machine falls on both. Each batch is timed once per precision,
+    as a training step meets a new batch: bfloat16 products (oneDNN's AMX kernels) are compiled
+    for each new shape, and a probe that repeats one batch hides that cost (it chose bf16 at
+    d_model 128, 1.33x in the probe, where training then ran at 0.6-0.7x float32's tokens/s)."""
+    times = {False: 0.0, True: 0.0}
     for bf16 in (False, True):
-        passes(bf16)
-    for _ in range(repeats):
+        passes(bf16, 0)
+    for i in range(1, count):
         for bf16 in (False, True):
             start = time.perf_counter()
-            passes(bf16)
-            times[bf16].append(time.perf_counter() - start)
-    return statistics.median(times[False]), statistics.median(times[True])
+            passes(bf16, i)
+            times[bf16] += time.perf_counter() - start
+    return times[False], times[True]

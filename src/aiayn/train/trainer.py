@@ -140,21 +140,24 @@ def evaluate_loss(
     return nll, math.exp(min(nll, 50))
 
 
+PROBE_BATCHES = 9  # a warm-up and 8 timed: about 1 s at the demo's size, 10 s at d_model 512
+
+
 def _probe(
     model: torch.nn.Module, objective: Objective, batches: list[Any], device: torch.device
 ) -> tuple[float, float]:
-    """(fp32, bf16) seconds of forward and backward passes over ``batches``, for ``choose_precision``.
-    It leaves no trace: the random state (dropout) is restored and the gradients dropped."""
+    """(fp32, bf16) seconds of forward and backward passes over ``batches`` (the first a warm-up),
+    for ``choose_precision``. It leaves no trace: the random state (dropout) is restored and the
+    gradients dropped."""
     batches = [b.to(device) for b in batches]
 
-    def passes(bf16: bool) -> None:
+    def passes(bf16: bool, i: int) -> None:
         context = Precision("bf16" if bf16 else "fp32", "probe").autocast(device)
-        for batch in batches:
-            loss, _ = objective.loss(model, batch, 0.1, context)
-            (loss / batch.num_tokens).backward()
+        loss, _ = objective.loss(model, batches[i], 0.1, context)
+        (loss / batches[i].num_tokens).backward()
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        seconds = time_passes(passes)
+        seconds = time_passes(passes, len(batches))
     model.zero_grad(set_to_none=True)
     return seconds
 
@@ -269,7 +272,8 @@ def train(
         precision = Precision(state["precision"], "as the run it resumes")
     else:
         def probe() -> tuple[float, float]:
-            batches = [objective.collate([train_examples[i] for i in b], model_config, 0) for b in first[:2]]
+            chosen = first[:PROBE_BATCHES]
+            batches = [objective.collate([train_examples[i] for i in b], model_config, 0) for b in chosen]
             return _probe(model, objective, batches, d.device)
 
         precision = choose_precision(cfg.amp, d.device, probe)
