@@ -99,20 +99,21 @@ def test_autocast_runs_products_in_bf16_only_for_bf16():
         assert not torch.is_autocast_enabled("cpu")
 
 
-def test_time_passes_warms_up_alternates_and_takes_medians(monkeypatch):
-    """On a fake clock that each pass advances by a given time: one untimed warm-up of each, then
-    float32 and bfloat16 alternating, and the median of each (not the mean, not the warm-up)."""
+def test_time_passes_warms_up_then_times_each_batch_once_in_each_precision(monkeypatch):
+    """On a fake clock that each pass advances by a given time: one untimed warm-up of each on
+    batch 0, then batches 1 .. count - 1, float32 and bfloat16 alternating, each batch once per
+    precision, and the totals (the warm-up left out)."""
     clock = [0.0]
     monkeypatch.setattr(precision_module.time, "perf_counter", lambda: clock[0])
     durations = {False: iter([100.0, 1.0, 9.0, 2.0]), True: iter([100.0, 0.5, 0.25, 7.0])}  # warm-ups first
     calls = []
 
-    def passes(bf16: bool) -> None:
-        calls.append(bf16)
+    def passes(bf16: bool, i: int) -> None:
+        calls.append((bf16, i))
         clock[0] += next(durations[bf16])
 
-    assert time_passes(passes, repeats=3) == (2.0, 0.5)
-    assert calls == [False, True] * 4
+    assert time_passes(passes, 4) == (12.0, 7.75)
+    assert calls == [(False, 0), (True, 0)] + [(bf16, i) for i in (1, 2, 3) for bf16 in (False, True)]
 
 
 # The trainer's probe ---------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def test_probe_runs_both_precisions_on_the_batches_given(monkeypatch):
     """Its passes are the training step's forward and backward, in float32 and under autocast."""
     model = tiny_translation(P_drop=0.0)
     objective = Translation()
-    batches = [objective.collate(examples(), model.config, 0)]
+    batches = [objective.collate(examples(), model.config, 0) for _ in range(3)]  # three distinct tensors
     seen = []
     loss = objective.loss
 
@@ -174,8 +175,8 @@ def test_probe_runs_both_precisions_on_the_batches_given(monkeypatch):
 
     monkeypatch.setattr(objective, "loss", recording)
     _probe(model, objective, batches, CPU)
-    assert [s[0] for s in seen] == [False, True] * 4  # a warm-up and three timed passes of each
-    assert {s[1] for s in seen} == {batches[0].src.data_ptr()} and all(s[2] for s in seen)
+    assert [s[0] for s in seen] == [False, True] * 3  # a warm-up and each of the other batches once, both
+    assert [s[1] for s in seen] == [b.src.data_ptr() for b in batches for _ in range(2)] and all(s[2] for s in seen)
 
 
 # bfloat16 against float32 ----------------------------------------------------------------------
