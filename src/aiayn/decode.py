@@ -81,7 +81,9 @@ def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, config
     position ``length`` (1-based): no padding nor ``config.suppress_ids``, no EOS before
     ``min_len``, only EOS at the limit."""
     pad_id, eos_id = config.pad_id, config.eos_id
-    logp[:, [pad_id, *config.suppress_ids]] = -torch.inf
+    logp[:, pad_id] = -torch.inf
+    if config.suppress_ids:  # a list index builds an index tensor: only where there is something to ban
+        logp[:, list(config.suppress_ids)] = -torch.inf
     if length < min_len:
         logp[:, eos_id] = -torch.inf
     if at_limit.any():
@@ -700,7 +702,9 @@ def sample(
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     out = []
     for step in range(max_new_tokens):
-        logits[:, [config.pad_id, *config.suppress_ids]] = float("-inf")
+        logits[:, config.pad_id] = float("-inf")
+        if config.suppress_ids:
+            logits[:, list(config.suppress_ids)] = float("-inf")
         token = sample_next(logits, temperature, top_k, top_p, generator).masked_fill(finished, config.pad_id)  # (B,)
         out.append(token)
         finished |= token == config.eos_id
