@@ -313,6 +313,23 @@ def test_plot_runs_draws_each_runs_dev_perplexity(tmp_path, capsys):
     assert _png_size(out) == (800, 500) and f"written {out}" in capsys.readouterr().out
 
 
+def test_dev_bleu_over_minutes_is_drawn_from_the_runs_records(tmp_path):
+    """With ``train.bleu_every`` records, plot_run adds a panel and plot_runs a second one: dev
+    BLEU against minutes of training, the final evaluation included, in time order."""
+    dev = [{"kind": "dev", "step": s, "loss": 4 / s, "ppl": math.exp(4 / s)} for s in (4, 8)]
+    scored = [{"kind": "dev_bleu", "step": s, "bleu": b, "chrf": 2 * b, "elapsed": t}
+              for s, b, t in ((4, 3.0, 120.0), (8, 5.5, 270.0))]  # fmt: skip
+    final = [{"kind": "final", "step": 10, "dev_bleu": 6.25, "dev_ppl": 9.0, "elapsed": 330.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in final + dev + scored))
+    out = viz.plot_run(tmp_path)
+    assert _png_size(out) == (2000, 400)
+    fig = viz.plot_runs([tmp_path])
+    (line,) = fig.axes[1].get_lines()
+    minutes, bleu = line.get_data()
+    assert list(minutes) == pytest.approx([2.0, 4.5, 5.5]) and list(bleu) == [3.0, 5.5, 6.25]
+    assert fig.axes[1].get_xlabel().startswith("minutes")
+
+
 def test_plot_pe_and_lr_commands(tmp_path, capsys, monkeypatch):
     pe_calls, lr_calls = _spy(monkeypatch, "plot_positional_encoding"), _spy(monkeypatch, "plot_schedule")
     pe, lr = tmp_path / "pe.png", tmp_path / "lr.png"

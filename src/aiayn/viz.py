@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -57,9 +57,28 @@ def _records(run_dir: Path) -> list[dict]:
     return records
 
 
+def _bleu_by_minutes(records: list[dict]) -> tuple[list[float], list[float]]:
+    """(minutes of training, dev BLEU) of a run's ``dev_bleu`` records (``train.bleu_every``)
+    and of its final evaluation."""
+    points = [(r["elapsed"], r["bleu"]) for r in records if r.get("kind") == "dev_bleu"]
+    points += [(r["elapsed"], r["dev_bleu"]) for r in records if r.get("kind") == "final" and "elapsed" in r
+               and "dev_bleu" in r]  # fmt: skip
+    points.sort()
+    return [t / 60 for t, _ in points], [b for _, b in points]
+
+
+def _plot_bleu_by_minutes(ax: Any, label: str, records: list[dict]) -> None:
+    minutes, bleu = _bleu_by_minutes(records)
+    ax.plot(minutes, bleu, "o-", ms=4, label=label)
+    for m, b in zip(minutes, bleu, strict=True):
+        ax.annotate(f"{b:.1f}", (m, b), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+    ax.set(xlabel="minutes of training (train.max_time)", ylabel="dev BLEU (greedy)", title="what more time buys")
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw loss (train and dev), learning rate, dev perplexity and BLEU of a run into one PNG
-    (default ``RUN/curves.png``)."""
+    (default ``RUN/curves.png``); with ``train.bleu_every``, a fourth panel: dev BLEU against
+    minutes of training."""
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
@@ -67,8 +86,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     train = [r for r in records if r.get("kind") == "train"]
     dev = [r for r in records if r.get("kind") == "dev"]
     final = [r for r in records if r.get("kind") == "final"]
-    fig = Figure(figsize=(15, 4), layout="tight")
-    axes = fig.subplots(1, 3)
+    over_time = any(r.get("kind") == "dev_bleu" for r in records)
+    fig = Figure(figsize=(20 if over_time else 15, 4), layout="tight")
+    axes = fig.subplots(1, 4 if over_time else 3)
+    if over_time:
+        _plot_bleu_by_minutes(axes[3], run_dir.name, records)
     ax = axes[0]
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, label="train (label-smoothed)")
     if dev:
@@ -100,13 +122,21 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Figure:
     """Compare runs: dev perplexity against training step, one line per run, labelled with the
     run's directory name and its final dev BLEU where it has one (e.g. a recipe's levers, one
-    change at a time, on the same dev split); saved as a PNG at ``out`` if given."""
+    change at a time, on the same dev split); where a run logged dev BLEU during training
+    (``train.bleu_every``), a second panel: dev BLEU against minutes. Saved as a PNG at ``out``
+    if given."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5), layout="tight")
-    ax = fig.subplots()
-    for run_dir in map(Path, run_dirs):
-        records = _records(run_dir)
+    runs = [(Path(run_dir), _records(Path(run_dir))) for run_dir in run_dirs]
+    over_time = any(r.get("kind") == "dev_bleu" for _, records in runs for r in records)
+    fig = Figure(figsize=(16 if over_time else 8, 5), layout="tight")
+    axes = fig.subplots(1, 2 if over_time else 1)
+    ax = axes[0] if over_time else axes
+    if over_time:
+        for run_dir, records in runs:
+            _plot_bleu_by_minutes(axes[1], run_dir.name, records)
+        axes[1].legend()
+    for run_dir, records in runs:
         dev = [r for r in records if r.get("kind") == "dev"]
         final = [r for r in records if r.get("kind") == "final" and "dev_bleu" in r]
         label = run_dir.name + (f" (dev BLEU {final[-1]['dev_bleu']:.2f})" if final else "")

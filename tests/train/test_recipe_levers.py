@@ -214,3 +214,51 @@ def test_the_probe_leaves_the_run_as_without_it(tmp_path, corpus, monkeypatch):
     [record] = precision_records(tmp_path / "auto")
     assert record["precision"] == "fp32" and record["reason"].startswith("AMX: ") and "probe" in record["reason"]
     assert losses(tmp_path / "auto") == losses(tmp_path / "fp32")
+
+
+def test_bleu_every_scores_the_models_greedy_translations_without_changing_the_run(tmp_path, corpus):
+    """``train.bleu_every``: at every such step the dev BLEU and chrF of the model's greedy
+    translations (sacreBLEU on the saved model's own output at the last step), with the minutes
+    elapsed; the run's losses stay those of a run without it (eval mode, no RNG drawn)."""
+    import sacrebleu
+
+    from aiayn.decode import greedy_decode
+    from aiayn.model import Transformer
+
+    plain = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=100)
+    train(RunConfig.from_yaml(plain), tmp_path / "plain", **QUIET)
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=100, bleu_every=2)
+    train(RunConfig.from_yaml(config), tmp_path / "scored", **QUIET)
+    assert losses(tmp_path / "scored") == losses(tmp_path / "plain")
+    records = [json.loads(line) for line in (tmp_path / "scored" / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in records if r["kind"] == "dev_bleu"]
+    assert [r["step"] for r in scored] == [2, 4]
+    assert 0 < scored[0]["elapsed"] <= scored[1]["elapsed"]
+    (final,) = [r for r in records if r["kind"] == "final"]
+    assert final["elapsed"] >= scored[1]["elapsed"]
+
+    model = Transformer.from_pretrained(tmp_path / "scored" / "model").eval()
+    tokenizer = Tokenizer.load(tmp_path / "scored" / "model" / "tokenizer.json")
+    sources = (corpus / "dev.de").read_text().splitlines()
+    references = (corpus / "dev.en").read_text().splitlines()
+    hypotheses = []
+    for sentence in sources:
+        src = torch.tensor([[*tokenizer.encode(sentence), model.config.eos_id]])
+        output = greedy_decode(model, src)[0].tolist()
+        eos = model.config.eos_id
+        hypotheses.append(tokenizer.decode(output[: output.index(eos)] if eos in output else output))
+    assert scored[1]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert scored[1]["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    assert final["dev_bleu"] == pytest.approx(scored[1]["bleu"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"bleu_every": 0}, "train.bleu_every must be a positive integer"),
+     ({"bleu_every": 2, "task": "lm"}, "needs train.task translation")],
+)  # fmt: skip
+def test_bleu_every_is_checked(fields, message):
+    from aiayn.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(max_steps=1, **fields)

@@ -101,6 +101,10 @@ class TrainConfig:
     Ghahramani, 2016): in training batches each source and decoder-input token is replaced by
     ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
     the loss scores are untouched.
+
+    ``bleu_every`` (steps; off by default): also translate the dev sources greedily and log BLEU
+    and chrF (``kind: dev_bleu`` in metrics.jsonl), as fairseq's ``--eval-bleu`` does, to see what
+    more time buys. Its seconds count towards ``max_time``, like the dev loss's.
     """
 
     task: str = "translation"
@@ -119,6 +123,7 @@ class TrainConfig:
     max_epochs: int | None = None
     max_time: float | None = None  # seconds of training
     eval_every: int = 500
+    bleu_every: int | None = None  # steps: also translate the dev sources (greedy) and log BLEU, chrF
     checkpoint_every: int | None = None  # steps
     checkpoint_minutes: float | None = 10.0
     keep_checkpoints: int = 5
@@ -133,6 +138,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"train.{name} must be a positive integer, got {value!r}")
+        if self.bleu_every is not None and (not isinstance(self.bleu_every, int) or self.bleu_every <= 0):
+            raise ValueError(f"train.bleu_every must be a positive integer or null, got {self.bleu_every!r}")
+        if self.bleu_every is not None and self.task != "translation":
+            raise ValueError("train.bleu_every scores translations: it needs train.task translation")
         if self.max_steps is None and self.max_epochs is None and self.max_time is None:
             raise ValueError("set at least one of train.max_steps, train.max_epochs, train.max_time")
         if self.task not in TASKS:

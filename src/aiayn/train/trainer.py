@@ -113,6 +113,16 @@ def _positions(
         epoch, index = epoch + 1, 0
 
 
+def dev_translation_scores(
+    model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str]
+) -> Scores:
+    """BLEU and chrF (sacreBLEU) of the model's greedy translations of ``sources``; leaves the
+    model in eval mode."""
+    model.eval()
+    hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
+    return score_translations(hypotheses, references)
+
+
 @torch.no_grad()
 def evaluate_loss(
     model: Transformer | DecoderOnly | EncoderOnly,
@@ -219,6 +229,9 @@ def train(
     dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
     if dev_raw:
         say(f"dev: {len(dev_examples):,} {unit}; skipped {dev_too_long:,} empty or too long")
+    translation = isinstance(objective, Translation)  # the dev pairs whose translations are scored
+    dev_sources = [s for s, _ in dev_raw][: run.data.dev_size] if translation and dev_examples else []
+    dev_references = [t for _, t in dev_raw][: run.data.dev_size] if translation else []
 
     batcher: TokenBatcher | ResampledBatcher
     if pool_raw:
@@ -361,6 +374,13 @@ def train(
             dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
             metrics.log({"kind": "dev", "step": step, "loss": round(dev_loss, 6), "ppl": round(dev_ppl, 3)})
             bar.write(f"step {step}: dev loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}") if d.main else None
+        if dev_sources and cfg.bleu_every is not None and step % cfg.bleu_every == 0 and d.main:
+            scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references)
+            model.train()
+            elapsed = round(elapsed_before + time.perf_counter() - start, 3)
+            record = {"kind": "dev_bleu", "step": step, "bleu": scores.bleu, "chrf": scores.chrf, "elapsed": elapsed}
+            metrics.log(record)
+            bar.write(f"step {step}: dev {scores} after {elapsed / 60:.1f} min")
         now = time.perf_counter()
         due = (cfg.checkpoint_every is not None and step % cfg.checkpoint_every == 0) or (
             cfg.checkpoint_minutes is not None and now - last_checkpoint_time >= 60 * cfg.checkpoint_minutes
@@ -386,20 +406,17 @@ def train(
     model.save_pretrained(model_dir, step=step)
     tokenizer.save(model_dir / TOKENIZER_NAME)
     dev_scores = None
-    if dev_examples and not isinstance(objective, Translation):
+    if dev_examples and not translation:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
         metrics.log({"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl})
         masked = " (of the masked tokens)" if cfg.task == "mlm" else ""
         say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}{masked}")
     elif dev_examples:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device)
-        sources = [s for s, _ in dev_raw][: run.data.dev_size]
-        references = [t for _, t in dev_raw][: run.data.dev_size]
-        model.eval()
-        final_metrics = {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl}
-        if sources:  # data.dev_size 0: no translations to score
-            hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
-            dev_scores = score_translations(hypotheses, references)
+        elapsed = round(state["elapsed"], 3)
+        final_metrics = {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl, "elapsed": elapsed}
+        if dev_sources:  # data.dev_size 0: no translations to score
+            dev_scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references)
             final_metrics.update(dev_bleu=dev_scores.bleu, dev_chrf=dev_scores.chrf)
         metrics.log(final_metrics)
         say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}" + (f", {dev_scores}" if dev_scores else ""))
