@@ -70,6 +70,17 @@ def matmul_peak(device: str = "cpu", sizes: tuple[int, ...] = (1024, 2048, 3072)
     return best
 
 
+def bf16_peak(n: int = 2048, seconds: float = 1.0) -> float:
+    """The bf16 matmul rate (FLOP/s) at one square size: AMX or AVX512_BF16 where the CPU has them."""
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
 def time_call(fn: Callable[[], None], device: str = "cpu") -> float:
     if device != "cpu":
         torch.cuda.synchronize()

@@ -27,19 +27,9 @@ from aiayn.data.batching import TokenBatcher
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.train.objectives import Translation
 from aiayn.train.precision import Precision, native_bf16
-from common import machine, matmul_peak, table, write_result
+from common import bf16_peak, machine, matmul_peak, table, write_result
 
 DATA = Path(__file__).parent.parent / "data" / "ding"
-
-
-def bf16_peak(n: int = 2048, seconds: float = 1.0) -> float:
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    a @ b
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        reps += 1
-    return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def useful_flops(model: Transformer, batch) -> int:

@@ -16,12 +16,19 @@ so its peak memory (max RSS) is its own. Tokens/s counts non-pad source + target
 ``--interleave`` (equal batches) the three processes stay alive and take their timed steps in
 turn, so that slow spells of a shared machine fall on every model alike.
 
-    python bench/train_speed.py [--setting equal|ding|both] [--steps 4] [--interleave]
+``--precision bf16`` runs every model's forward pass under ``torch.autocast(dtype=bfloat16)``
+(parameters and Adam fp32), as ``train.amp`` does: aiayn's label-smoothed loss in fp32 outside
+the autocast region, as its trainer computes it; the peers' cross-entropy inside it, as their
+usual loops do (autocast runs it in fp32). The default is both precisions where the CPU has
+native bf16 (AMX or AVX512_BF16), fp32 elsewhere. MFU is against each precision's own peak.
+
+    python bench/train_speed.py [--setting equal|ding|both] [--precision fp32|bf16|both] [--steps 4] [--interleave]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -36,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.data.batching import Batch, TokenBatcher, collate
 from aiayn.train.loss import label_smoothed_loss
-from common import machine, matmul_peak, median, table, write_result
+from aiayn.train.precision import Precision, native_bf16
+from common import bf16_peak, machine, matmul_peak, median, table, write_result
 from model_speed import VOCAB, TorchTransformerLM, make_batch
 
 MODELS = ["aiayn", "marian", "torch"]
@@ -60,24 +68,22 @@ def build(name: str) -> torch.nn.Module:
     return MarianMTModel(config)
 
 
-def loss_of(name: str, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    if name == "aiayn":
+def loss_of(name: str, model: torch.nn.Module, batch: Batch, amp: contextlib.AbstractContextManager) -> torch.Tensor:
+    if name == "aiayn":  # as Translation.loss: the forward under autocast, the loss in fp32
         select = batch.tgt_out != 0
-        logits = model(batch.src, batch.tgt_in, select=select)  # only at non-pad targets
-        target = batch.tgt_out[select]
-    elif name == "torch":
-        logits = model(batch.src, batch.tgt_in).flatten(0, 1)
-        target = batch.tgt_out.flatten()
-    else:
-        logits = model(
-            input_ids=batch.src, attention_mask=batch.src != 0, decoder_input_ids=batch.tgt_in,
-            decoder_attention_mask=batch.tgt_in != 0,
-        ).logits.flatten(0, 1)  # fmt: skip
-        target = batch.tgt_out.flatten()
-    if name == "aiayn":
-        loss, _ = label_smoothed_loss(logits, target, 0.1)
-        return loss / target.numel()
-    return F.cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1)
+        with amp:
+            logits = model(batch.src, batch.tgt_in, select=select)  # only at non-pad targets
+        loss, _ = label_smoothed_loss(logits, batch.tgt_out[select], 0.1)
+        return loss / logits.shape[0]
+    with amp:
+        if name == "torch":
+            logits = model(batch.src, batch.tgt_in).flatten(0, 1)
+        else:
+            logits = model(
+                input_ids=batch.src, attention_mask=batch.src != 0, decoder_input_ids=batch.tgt_in,
+                decoder_attention_mask=batch.tgt_in != 0,
+            ).logits.flatten(0, 1)  # fmt: skip
+        return F.cross_entropy(logits, batch.tgt_out.flatten(), ignore_index=0, label_smoothing=0.1)
 
 
 def ding_batches(n_batches: int) -> tuple[list[Batch], list[Batch]]:
@@ -111,10 +117,11 @@ def useful_flops(src_tokens: int, tgt_tokens: int) -> int:
     return 6 * (ENCODER_LAYERS * src_tokens + (DECODER_LAYERS + 512 * VOCAB) * tgt_tokens)
 
 
-def worker(name: str, setting: str, steps: int, interleave: bool = False) -> dict:
+def worker(name: str, setting: str, steps: int, interleave: bool = False, precision: str = "fp32") -> dict:
     """Time ``steps`` training steps of one model after a warm-up step. With ``interleave`` the
     worker says ``ready`` after the warm-up and then runs one step per ``step`` line on stdin
     (answering ``ok``), so the parent can alternate the models step by step."""
+    amp = Precision(precision, "bench").autocast(torch.device("cpu"))
     model = build(name).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     if setting == "equal":
@@ -130,7 +137,7 @@ def worker(name: str, setting: str, steps: int, interleave: bool = False) -> dic
         if interleave and i > 0 and sys.stdin.readline().strip() != "step":
             break
         start = time.perf_counter()
-        loss = loss_of(name, model, batch)
+        loss = loss_of(name, model, batch, amp)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -148,13 +155,14 @@ def worker(name: str, setting: str, steps: int, interleave: bool = False) -> dic
     }  # fmt: skip
 
 
-def run_interleaved(setting: str, steps: int) -> dict[str, dict]:
+def run_interleaved(setting: str, steps: int, precision: str) -> dict[str, dict]:
     """One worker process per model, all alive at once, their timed steps taken in turn
     (aiayn, Marian, torch, aiayn, ...), so that a slow spell of the machine falls on every model."""
     procs = {}
     for name in MODELS:  # set up one after the other: building and warming up are not timed
         print(f"{setting}: {name} (set up) ...", flush=True)
-        cmd = [sys.executable, __file__, "--worker", name, setting, "--steps", str(steps), "--interleave"]
+        cmd = [sys.executable, __file__, "--worker", name, setting, "--steps", str(steps), "--interleave",
+               "--precision", precision]  # fmt: skip
         procs[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if procs[name].stdout.readline().strip() != "ready":
             raise RuntimeError(f"the {name} worker did not start")
@@ -177,6 +185,10 @@ def main() -> None:
     parser.add_argument("--setting", choices=["equal", "ding", "both"], default="both")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per model and setting")
     parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "both"],
+        help="default: both where the CPU has native bf16 (AMX, AVX512_BF16), else fp32",
+    )  # fmt: skip
+    parser.add_argument(
         "--interleave", action="store_true",
         help="keep one process per model alive and alternate their steps (equal batches only: the "
         "three models' memory must fit at once)",
@@ -184,42 +196,52 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.steps, args.interleave)))
+        print(json.dumps(worker(*args.worker, args.steps, args.interleave, args.precision or "fp32")))
         return
     settings = ["equal", "ding"] if args.setting == "both" else [args.setting]
-    print("measuring the fp32 matmul peak ...", flush=True)
-    peak = matmul_peak()
+    native = native_bf16(torch.device("cpu"))
+    precisions = {None: ["fp32", "bf16"] if native else ["fp32"], "both": ["fp32", "bf16"]}.get(
+        args.precision, [args.precision]
+    )  # fmt: skip
+    if "bf16" in precisions and not native:
+        print("warning: this CPU has no native bf16 (AMX, AVX512_BF16): bf16 products are emulated", flush=True)
+    print("measuring the matmul peaks ...", flush=True)
+    peaks = {"fp32": matmul_peak(), **({"bf16": bf16_peak()} if "bf16" in precisions else {})}
     rows = []
     for setting in settings:
-        results = {}
-        if args.interleave and setting == "equal":
-            results = run_interleaved(setting, args.steps)
-        for name in MODELS if not results else []:
-            print(f"{setting}: {name} ...", flush=True)
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", name, setting, "--steps", str(args.steps)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-        rates = {n: sum(r["tokens"]) / sum(r["seconds"]) for n, r in results.items()}
-        for name, r in results.items():
-            rows.append(
-                {
-                    "setting": setting, "model": name, "tokens_per_s": round(rates[name], 1),
-                    "ratio_vs_marian": round(rates[name] / rates["marian"], 3),
-                    "median_step_s": round(median(r["seconds"]), 3),
-                    "padding": round(1 - sum(r["tokens"]) / sum(r["positions"]), 3),
-                    "mfu": round(sum(r["flops"]) / sum(r["seconds"]) / peak, 3),
-                    "peak_rss_mib": round(r["max_rss_mib"]), "params": r["params"],
-                }
-            )  # fmt: skip
+        for precision in precisions:
+            results = {}
+            if args.interleave and setting == "equal":
+                results = run_interleaved(setting, args.steps, precision)
+            for name in MODELS if not results else []:
+                print(f"{setting}, {precision}: {name} ...", flush=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--worker", name, setting, "--steps", str(args.steps),
+                     "--precision", precision],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+            rates = {n: sum(r["tokens"]) / sum(r["seconds"]) for n, r in results.items()}
+            for name, r in results.items():
+                rows.append(
+                    {
+                        "setting": setting, "precision": precision, "model": name,
+                        "tokens_per_s": round(rates[name], 1),
+                        "ratio_vs_marian": round(rates[name] / rates["marian"], 3),
+                        "median_step_s": round(median(r["seconds"]), 3),
+                        "padding": round(1 - sum(r["tokens"]) / sum(r["positions"]), 3),
+                        "mfu": round(sum(r["flops"]) / sum(r["seconds"]) / peaks[precision], 3),
+                        "peak_rss_mib": round(r["max_rss_mib"]), "params": r["params"],
+                    }
+                )  # fmt: skip
     result = {
         "benchmark": "train_speed", "command": "python " + " ".join(sys.argv), "machine": machine(),
-        "matmul_peak_gflops": round(peak / 1e9, 1), "rows": rows,
+        "native_bf16": native, "matmul_peak_gflops": round(peaks["fp32"] / 1e9, 1),
+        **({"bf16_matmul_peak_gflops": round(peaks["bf16"] / 1e9, 1)} if "bf16" in peaks else {}), "rows": rows,
     }  # fmt: skip
     path = write_result("train_speed", result)
-    print(f"\nfp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    columns = [("setting", "batches"), ("model", "model"), ("tokens_per_s", "tokens/s"),
+    print("\n" + ", ".join(f"{p} matmul peak: {v / 1e9:.1f} GFLOP/s" for p, v in peaks.items()))
+    columns = [("setting", "batches"), ("precision", "precision"), ("model", "model"), ("tokens_per_s", "tokens/s"),
                ("ratio_vs_marian", "× Marian"), ("median_step_s", "s/step"), ("padding", "padding"),
                ("mfu", "MFU"), ("peak_rss_mib", "peak RSS MiB")]  # fmt: skip
     print(table(rows, columns))
