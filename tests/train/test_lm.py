@@ -51,7 +51,8 @@ def config(root: Path, data_dir: Path, task: str, **train) -> RunConfig:
         "model": {"N": 2, "d_model": 32, "d_ff": 64, "h": 2, "P_drop": 0.0, "norm_first": True},
         "train": {"task": task, "vocab_size": 300, "max_tokens": 256, "warmup": 30, "lr_scale": 0.5,
                   "eps_ls": 0.0, "max_steps": 300, "eval_every": 100, "checkpoint_every": None,
-                  "checkpoint_minutes": None, "seed": 1, **train},
+                  "checkpoint_minutes": None, "seed": 1,
+                  "amp": False, **train},  # no timing probe: separate runs compare step for step
     }  # fmt: skip
     path = root / f"{task}.yaml"
     path.write_text(yaml.safe_dump(values))

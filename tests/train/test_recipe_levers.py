@@ -115,6 +115,39 @@ def test_phrase_tag_marks_exactly_the_phrase_pairs_and_the_model_never_produces_
     assert not any((batch.src == PHRASE).any() for batch in dev)  # dev sources are real sentences
 
 
+def test_a_tagged_source_keeps_within_max_len(tmp_path, corpus, monkeypatch):
+    """data.max_len bounds a tagged source as any other: tag, words and </s> (a phrase pair one
+    token too long for the tag is skipped like a sentence that is too long)."""
+    from collections import Counter
+
+    write_entries(corpus)
+    entries = (corpus / "phrases.de").read_text().splitlines()  # English: the first word's only, so that
+    (corpus / "phrases.en").write_text("".join(ENTRIES[de.split()[0]] + "\n" for de in entries))  # sources are longer
+    config = write_config(tmp_path, corpus, max_steps=1, checkpoint_every=None, eval_every=100, amp=False)
+    overrides = ["--data.phrases", "1.0", "--data.resample_phrases", "true", "--data.phrase_tag", "true"]
+    train(RunConfig.from_yaml(config, parse_overrides(overrides)), tmp_path / "a", **QUIET)
+    tokenizer = Tokenizer.load(tmp_path / "a" / "model" / "tokenizer.json")  # max_len does not change it
+    pairs = [(len(tokenizer.encode(de)), len(tokenizer.encode(en))) for de, en in zip(
+        (corpus / "phrases.de").read_text().splitlines(), (corpus / "phrases.en").read_text().splitlines(), strict=True
+    )]  # fmt: skip
+    # the commonest source length among pairs whose target is not longer: such pairs fit untagged only
+    max_len = Counter(s for s, t in pairs if t <= s).most_common(1)[0][0] + 1
+    pools = []  # the (source, target) lengths with </s> of the phrase pairs the batcher draws from
+
+    class Recording(trainer_module.ResampledBatcher):
+        def __init__(self, lengths, fixed, *args, **kwargs):
+            pools.append(lengths[fixed:])
+            super().__init__(lengths, fixed, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "ResampledBatcher", Recording)
+    run = RunConfig.from_yaml(config, parse_overrides([*overrides, "--data.max_len", str(max_len)]))
+    train(run, tmp_path / "b", **QUIET)
+    (pool,) = pools
+    fitting = [(s, t) for s, t in pairs if s + 1 < max_len and t < max_len]  # + the tag, with </s> <= max_len
+    assert len(pool) == len(fitting) > 0 and max(s for s, _ in pool) <= max_len
+    assert any(s + 1 == max_len and t < max_len for s, t in pairs)  # what it leaves out
+
+
 def test_phrase_tag_needs_resampled_phrases(tmp_path, corpus):
     with pytest.raises(ValueError, match=r"phrase_tag.*resample_phrases"):
         DataConfig(dir=str(corpus), phrases=1.0, phrase_tag=True)

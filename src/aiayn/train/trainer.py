@@ -235,7 +235,8 @@ def train(
 
     batcher: TokenBatcher | ResampledBatcher
     if pool_raw:
-        pool_examples, pool_skipped = objective.encode(tokenizer, pool_raw, run.data.max_len)
+        tag = 1 if run.data.phrase_tag else 0  # the tag counts towards data.max_len
+        pool_examples, pool_skipped = objective.encode(tokenizer, pool_raw, run.data.max_len - tag)
         if run.data.phrase_tag:
             pool_examples = [([tokenizer.phrase_id, *s], t) for s, t in pool_examples]
         say(
