@@ -9,7 +9,10 @@ the update. The two precisions take their steps on the same batches, alternating
 counts non-pad source + target tokens; each precision's model FLOPs are stated as a fraction of
 its own matmul peak (fp32's, or bf16's, measured in the same run).
 
-    python bench/train_precision.py [--d-model 128 256 512] [--steps 30]
+With ``--compare adam`` the two variants are instead fp32 with Adam's multi-tensor (foreach)
+update, the trainer's on the CPU, and fp32 with its fused CPU kernel: an A/B of the optimizer.
+
+    python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam]
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--max-tokens", type=int, default=1536)
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
+    parser.add_argument(
+        "--compare", choices=["precision", "adam"], default="precision",
+        help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam",
+    )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cpu")
     print("measuring the matmul peaks ...", flush=True)
@@ -73,14 +80,17 @@ def main() -> None:
             vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=4, P_drop=0.1, norm_first=True
         )  # fmt: skip
         runs = {}
-        for name in ("fp32", "bf16"):
+        variants = {"fp32": ("fp32", args.adam), "bf16": ("bf16", args.adam)}
+        if args.compare == "adam":
+            variants = {"fp32": ("fp32", "foreach"), "fp32, fused Adam": ("fp32", "fused")}
+        for name, (precision, adam) in variants.items():
             torch.manual_seed(0)
             model = Transformer(config).train()
-            fused = args.adam == "fused"
+            fused = adam == "fused"
             optimizer = torch.optim.Adam(
                 model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=not fused
             )  # fmt: skip
-            runs[name] = (model, optimizer, Precision(name, "bench").autocast(device), [0.0, 0, 0])
+            runs[name] = (model, optimizer, Precision(precision, "bench").autocast(device), [0.0, 0, 0])
 
         def step(name: str, batch, runs=runs) -> None:
             model, optimizer, amp, _ = runs[name]
@@ -116,12 +126,13 @@ def main() -> None:
             )  # fmt: skip
         print(table(rows[-2:], [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
                                 ("ratio_vs_fp32", "× fp32")]), flush=True)  # fmt: skip
+    name = "train_precision" if args.compare == "precision" else "train_adam"
     result = {
-        "benchmark": "train_precision", "command": "python " + " ".join(sys.argv), "machine": machine(),
+        "benchmark": name, "command": "python " + " ".join(sys.argv), "machine": machine(),
         "native_bf16": native_bf16(device), "matmul_peak_gflops": round(peak32 / 1e9, 1),
         "bf16_matmul_peak_gflops": round(peak16 / 1e9, 1), "rows": rows,
     }  # fmt: skip
-    path = write_result("train_precision", result)
+    path = write_result(name, result)
     print()
     columns = [("d_model", "d_model"), ("params", "parameters"), ("precision", "precision"),
                ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32"),
