@@ -64,6 +64,19 @@ def test_yaml_errors_name_the_file(tmp_path):
         RunConfig.from_yaml(stray)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("data: 5\ntrain: {max_steps: 1}\n", "section data must be a mapping of field: value, got int 5"),
+     ("model: [1, 2]\ntrain: {max_steps: 1}\n", r"section model must be a mapping of field: value, got list \[1, 2\]"),
+     ("- 1\n- 2\n", "expected sections data, model, train \\(a mapping\\), got list")],
+)  # fmt: skip
+def test_a_section_that_is_not_a_mapping_is_an_error_naming_file_and_section(tmp_path, text, message):
+    path = tmp_path / "shape.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^{path}: {message}$"):
+        RunConfig.from_yaml(path)
+
+
 def test_override_needs_a_value():
     with pytest.raises(ValueError, match="needs a value"):
         parse_overrides(["--train.max_steps"])

@@ -183,6 +183,13 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected sections data, model, train (a mapping), got {type(data).__name__}")
+        for section in ("data", "model", "train"):
+            value = data.get(section)
+            if value is not None and not isinstance(value, dict):
+                kind = type(value).__name__
+                raise ValueError(f"{source}: section {section} must be a mapping of field: value, got {kind} {value!r}")
         unknown = set(data) - {"data", "model", "train"}
         if unknown:
             raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; expected data, model, train")
