@@ -71,6 +71,7 @@ def main() -> None:
     device = torch.device("cpu")
     print("measuring the matmul peaks ...", flush=True)
     peak32, peak16 = matmul_peak(), bf16_peak()
+    peaks = {"fp32": peak32, "bf16": peak16}
     print(f"fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s; native bf16: {native_bf16(device)}")
     batches, vocab = ding_batches(args.vocab, args.max_tokens, args.steps + args.block)
     objective = Translation()
@@ -121,7 +122,7 @@ def main() -> None:
                     "d_model": d_model, "precision": name, "params": params, "tokens_per_s": round(rate[name]),
                     "steps_per_s": round(steps / runs[name][3][0], 2),
                     "ratio_vs_fp32": round(rate[name] / rate["fp32"], 2),
-                    "mfu": round(runs[name][3][2] / runs[name][3][0] / (peak16 if name == "bf16" else peak32), 3),
+                    "mfu": round(runs[name][3][2] / runs[name][3][0] / peaks[variants[name][0]], 3),
                 }
             )  # fmt: skip
         print(table(rows[-2:], [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
