@@ -109,3 +109,26 @@ def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def alternating(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function in each round: one warm-up each, then ``repeats`` rounds that run
+    them in turn (in reverse order every other round). A function that returns a float has timed
+    itself (a CTranslate2 process: its ``translate_batch`` alone): that float is its time."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(repeats):
+        for name, fn in list(fns.items())[:: 1 if r % 2 == 0 else -1]:
+            start = time.perf_counter()
+            own = fn()
+            elapsed = time.perf_counter() - start
+            times[name].append(own if isinstance(own, float) else elapsed)
+    return times
+
+
+def paired(peer: list[float], ours: list[float]) -> dict:
+    """The speed-up round by round (the peer's time over ours in the same round): its median and
+    range show how far the machine's spread moves the ratio of medians."""
+    ratios = sorted(p / o for p, o in zip(peer, ours, strict=True))
+    return {"median": round(median(ratios), 2), "min": round(ratios[0], 2), "max": round(ratios[-1], 2)}

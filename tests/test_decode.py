@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn import decode
+from aiayn import decode, engine
 from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_ids
+from aiayn.engine import EngineOptions
+from aiayn.engine.step import Decoding
 from aiayn.model import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -49,6 +51,22 @@ def _sources(lengths, vocab_size=16, seed=1):
 
 def _trim(row: list[int]) -> list[int]:
     return row[: row.index(EOS)] if EOS in row else row
+
+
+def _prepared(model: Transformer, refill: bool = True) -> Transformer:
+    """The model on the engine, where ``translate_ids`` refills its batches (or not)."""
+    return engine.prepare(model, options=EngineOptions(refill=refill))
+
+
+def _spy_steps(monkeypatch, record) -> None:
+    """Call ``record(state, tokens)`` before every engine decoding step."""
+    real = Decoding.__call__
+
+    def spy(self, tokens):
+        record(self, tokens)
+        return real(self, tokens)
+
+    monkeypatch.setattr(Decoding, "__call__", spy)
 
 
 def test_length_penalty_formula():
@@ -217,8 +235,7 @@ def test_translate_ids_keeps_input_order_across_batches():
 def test_a_sentence_longer_than_max_tokens_gets_a_batch_of_its_own(monkeypatch, refill, beam):
     """The other sentences' batches keep to ``max_tokens`` (source positions times the beam);
     every output is the sentence's own."""
-    monkeypatch.setattr(decode, "REFILL", refill)
-    model = _ending_model()
+    model = _prepared(_ending_model(), refill)
     lengths = [3, 20, 2, 3, 1, 2, 3, 2]
     src = _sources(lengths)
     sources = [src[i, :n].tolist() for i, n in enumerate(lengths)]
@@ -342,8 +359,9 @@ def test_refilled_batches_keep_the_no_repeat_ngram_rule_of_each_sentence_alone(m
     for name in ("_greedy_refilled", "_beam_refilled"):
         real = getattr(decode, name)
         monkeypatch.setattr(decode, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
-    assert translate_ids(model, sources, max_tokens=40, max_len_a=6, no_repeat_ngram_size=n) == greedy
-    refilled = translate_ids(model, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
+    prepared = _prepared(model)
+    assert translate_ids(prepared, sources, max_tokens=40, max_len_a=6, no_repeat_ngram_size=n) == greedy
+    refilled = translate_ids(prepared, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
     assert len(calls) == 2  # both ran refilled
     for got, want in zip(refilled, beams, strict=True):
         assert [h.tokens for h in got] == [h.tokens for h in want]
@@ -379,21 +397,13 @@ def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(
         alone.append(_trim(row))
     assert len({len(x) for x in alone}) > 4  # sentences end at many different steps
     lengths, rows = [], []
-    decode_step = model.decode
-
-    def spy(tgt, *args, cache=None, **kwargs):
-        lengths.append(cache.length)
-        rows.append(tgt.size(0))
-        return decode_step(tgt, *args, cache=cache, **kwargs)
-
-    monkeypatch.setattr(model, "decode", spy)
-    refilled = translate_ids(model, sources, max_tokens=40, max_len_a=6)  # batches of a few sentences
+    _spy_steps(monkeypatch, lambda state, tokens: lengths.append(state.cache.length) or rows.append(tokens.size(0)))
+    refilled = translate_ids(_prepared(model), sources, max_tokens=40, max_len_a=6)  # batches of a few sentences
     assert refilled == alone
     assert max(lengths) <= 2 * (11 + 1 + 6)  # leading positions no row attends to are dropped
-    monkeypatch.setattr(decode, "REFILL", False)
     steps_refilled = len(rows)
     rows.clear()
-    assert translate_ids(model, sources, max_tokens=40, max_len_a=6) == alone
+    assert translate_ids(_prepared(model, refill=False), sources, max_tokens=40, max_len_a=6) == alone
     assert steps_refilled < len(rows)  # batch after batch takes more steps for the same sentences
 
 
@@ -405,26 +415,18 @@ def test_beam_search_with_new_sentences_refilling_the_batch_equals_beam_search_a
     alone = [beam_search(model, torch.tensor([[*ids, EOS]]), beam=3, nbest=2, max_len_a=6)[0] for ids in sources]
     assert len({len(h[0].tokens) for h in alone}) > 4  # sentences end at many different steps
     rows = []
-    decode_step = model.decode
-
-    def spy(tgt, *args, cache=None, **kwargs):
-        rows.append(tgt.size(0))
-        return decode_step(tgt, *args, cache=cache, **kwargs)
-
-    monkeypatch.setattr(model, "decode", spy)
+    _spy_steps(monkeypatch, lambda state, tokens: rows.append(tokens.size(0)))
     steps = {}
     for refill in (True, False):
-        monkeypatch.setattr(decode, "REFILL", refill)
         rows.clear()
-        refilled = translate_ids(model, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6)
+        refilled = translate_ids(_prepared(model, refill), sources, beam=3, nbest=2, max_tokens=60, max_len_a=6)
         for got, want in zip(refilled, alone, strict=True):
             assert [h.tokens for h in got] == [h.tokens for h in want]
             assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
             assert [h.log_prob for h in got] == pytest.approx([h.log_prob for h in want], abs=1e-5)
         steps[refill] = len(rows)
     assert steps[True] < steps[False]  # refilled: fewer steps for the same sentences
-    monkeypatch.setattr(decode, "REFILL", True)
-    best = translate_ids(model, sources, beam=3, max_tokens=60, max_len_a=6)  # nbest 1: the best tokens
+    best = translate_ids(_prepared(model), sources, beam=3, max_tokens=60, max_len_a=6)  # nbest 1: the best tokens
     assert best == [h[0].tokens for h in alone]
 
 
@@ -438,21 +440,17 @@ def test_a_long_sentence_waits_until_the_short_ones_have_ended(monkeypatch, beam
     sources = [torch.randint(5, 16, (n,), generator=g).tolist() for n in (3, 7, 5, 9, 2, 6, 4, 8, 3, 5)]
     sources.append(torch.randint(5, 16, (50,), generator=g).tolist())
     sizes = []
-    decode_step = model.decode
-
-    def spy(tgt, *args, cache=None, **kwargs):
-        sizes.append(cache.cross_attn[0].k.size(0) * cache.cross_attn[0].k.size(2))  # sentences x source positions
-        return decode_step(tgt, *args, cache=cache, **kwargs)
-
-    monkeypatch.setattr(model, "decode", spy)
+    cross = lambda state: state.cache.cross_attn[0].k  # noqa: E731
+    _spy_steps(monkeypatch, lambda state, _: sizes.append(cross(state).size(0) * cross(state).size(2)))  # sentences x S
     batches, budget = [list(range(10)), [10]], 60  # the short ones' batch, then the long one's
+    prepared = _prepared(model)
     if beam == 1:
-        got = dict(decode._greedy_refilled(model, sources, batches, 10, budget))
+        got = dict(decode._greedy_refilled(prepared, sources, batches, 10, budget))
         want = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
     else:
         got = {
             i: [h.tokens for h in hyps]
-            for i, hyps in decode._beam_refilled(model, sources, batches, 3, 0.6, 2, 10, budget)
+            for i, hyps in decode._beam_refilled(prepared, sources, batches, 3, 0.6, 2, 10, budget)
         }
         want = [
             [h.tokens for h in beam_search(model, torch.tensor([[*s, EOS]]), beam=3, nbest=2, max_len_a=10)[0]]
@@ -469,7 +467,7 @@ def test_ended_rows_waiting_to_leave_stay_within_learned_positions():
     g = torch.Generator().manual_seed(3)
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 18, (120,), generator=g)]
     alone = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
-    assert translate_ids(model, sources, max_tokens=60, max_len_a=10) == alone
+    assert translate_ids(_prepared(model), sources, max_tokens=60, max_len_a=10) == alone
 
 
 # Suppressed tokens (ModelConfig.suppress_ids: the <phrase> tag of data.phrase_tag) ----------------
@@ -567,7 +565,7 @@ def test_translate_ids_with_refilled_batches_never_produces_a_suppressed_token(b
     word = _favourite(model, src)
     assert sum(t.count(word) for t in translate_ids(model, sources, max_tokens=40, max_len_a=6, beam=beam)) >= 5
     suppressed = _suppressing(model, (word,))
-    out = translate_ids(suppressed, sources, max_tokens=40, max_len_a=6, beam=beam)  # batches of a few sentences
+    out = translate_ids(_prepared(suppressed), sources, max_tokens=40, max_len_a=6, beam=beam)  # small batches
     assert not any(word in t for t in out)
     for ids, tokens in zip(sources, out, strict=True):
         one = torch.tensor([[*ids, EOS]])

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from aiayn import engine
 from aiayn.cli import _one_line, main
 from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.evaluate import score_translations
 from aiayn.model import ModelConfig, Transformer
-from aiayn.quantize import quantize_int8
 from aiayn.translator import Translator
 
 SENTENCES = [
@@ -330,9 +330,10 @@ def test_nbest_rows_keep_three_tab_separated_fields(model_dir, capsys, monkeypat
 
 def test_int8_quantization_replaces_every_linear_and_stays_close(model_dir):
     model = Transformer.from_pretrained(model_dir).eval()
-    quantized = quantize_int8(model)
-    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())  # every Linear (ours too) is int8 now
-    assert quantized.output_projection is not None and model.output_projection is None  # original untouched
+    quantized = engine.prepare(model, quantize="int8")
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())  # every Linear is int8 now
+    assert isinstance(quantized.engine_projection, torch.ao.nn.quantized.dynamic.Linear)  # the tied projection too
+    assert model.output_projection is None and type(model.encoder.layers[0].feed_forward.linear1) is nn.Linear
     g = torch.Generator().manual_seed(0)
     src = torch.randint(5, model.config.vocab_size, (4, 9), generator=g)
     tgt = torch.randint(5, model.config.vocab_size, (4, 7), generator=g)
@@ -342,7 +343,7 @@ def test_int8_quantization_replaces_every_linear_and_stays_close(model_dir):
     # Not compared: int8 decoding on the cache against recomputing the prefix. Dynamic quantization
     # scales each product's activations by their range, one position per row in the first, the whole
     # prefix in the second: different arithmetic, equal only by luck. The cached int8 step is checked
-    # bit for bit against the module path instead (tests/model/test_incremental.py).
+    # against teacher forcing with a tolerance instead (tests/engine/test_prepare.py).
 
 
 def test_quantize_flag(model_dir, capsys):
@@ -372,7 +373,7 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     attention)."""
     from torch.utils import cpp_extension
 
-    from aiayn.model import cpu_kernels
+    from aiayn.engine import kernels as cpu_kernels
 
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension: ninja is required to load C++ extensions")

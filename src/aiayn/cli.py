@@ -98,9 +98,12 @@ def _one_line(text: str) -> str:
 
 
 def _translator(args: argparse.Namespace):
+    from .engine import EngineOptions
     from .translator import Translator
 
-    return Translator.from_pretrained(args.model, device=args.device or "cpu", quantize=args.quantize)
+    # the engine's choices: defaults, or what the AIAYN_* variables ask for (aiayn/engine/options.py)
+    options = EngineOptions.from_environ()
+    return Translator.from_pretrained(args.model, device=args.device or "cpu", quantize=args.quantize, options=options)
 
 
 def _search(args: argparse.Namespace) -> dict:

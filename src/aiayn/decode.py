@@ -5,8 +5,10 @@ Legend: B batch (sentences), K beam size, S source length, L output length, V vo
 
 Both searches run on the KV cache: the encoder-decoder keys and values are computed once per
 source, the self-attention keys and values grow one step at a time, and beam search gathers the
-cache rows by parent beam every step. ``use_cache=False`` recomputes the whole prefix each
-step instead (the reference the cache is tested and benchmarked against).
+cache rows by parent beam every step. A model from ``aiayn.engine.prepare`` runs on the engine
+(its cache and flat step, ``engine.step.Decoding``); any other on its own modules and
+``model/cache.py``. ``use_cache=False`` recomputes the whole prefix each step instead (the
+reference the cache is tested and benchmarked against).
 
 Conventions shared by greedy and beam search (as in fairseq):
 - the padding token is never produced;
@@ -29,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import DecoderOnly, EncoderOnly, KVCache, ModelConfig, Transformer, cpu_kernels
+from .engine import is_prepared
+from .engine.step import Decoding
+from .model import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 
 __all__ = [
     "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
@@ -60,9 +64,6 @@ class Hypothesis:
 # took 88 gathers, 0.19 s of ~2.1 s; at a quarter, 49 gathers (0.09 s) for 5% more rows decoded
 # (docs/benchmarks.md).
 COMPACT_FRACTION = 4
-# translate_ids decodes with new sentences taking the places of those that end
-# (_greedy_refilled, _beam_refilled) rather than batch after batch; False: batch after batch.
-REFILL = True
 
 
 def _limits(model: Transformer, src: Tensor, max_len_a: int, max_len: int | None) -> Tensor:
@@ -141,38 +142,55 @@ def _histories(out: Tensor, lengths: Tensor, bos_id: int) -> Tensor:
     return torch.cat([tokens.new_full((tokens.size(0), 1), bos_id), tokens], dim=1)
 
 
-class _Stepper:
-    """Next-token log-probabilities for a set of prefixes, with or without the KV cache.
+class _Plain:
+    """Incremental decoding by the model's own modules on its KV cache (``model/cache.py``):
+    ``state(tokens)`` takes each row's last token ``(R,)`` and returns next-token logits ``(R, V)``;
+    ``reorder(rows)`` gathers rows (beam parents, or the rows still decoding)."""
 
-    ``rows`` of the decoder state are selected by ``reorder(rows, sentences_changed)``: with the
-    cache only the self-attention K/V need gathering when the rows stay within each sentence's
-    beams (every beam of a sentence has the same encoder-decoder K/V)."""
-
-    def __init__(self, model: Transformer, src: Tensor, beam: int, steps: int, use_cache: bool) -> None:
-        self.model, self.use_cache = model, use_cache
+    def __init__(self, model: Transformer, src: Tensor, beam: int) -> None:
         enc = model.encode(src)
-        if use_cache:  # room for every step; the beams of a sentence share its encoder-decoder K/V
-            self.cache = model.init_cache(enc.memory, enc.mask).reserve(steps).expand(beam)
-        else:
-            rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
-            self.memory, self.memory_mask = enc.memory[rows], enc.mask[rows]
+        self.model, self.cache = model, model.init_cache(enc.memory, enc.mask)
+        if beam > 1:
+            self.cache.reorder(torch.arange(src.size(0), device=src.device).repeat_interleave(beam))
 
-    def __call__(self, prefixes: Tensor, normalize: bool = True) -> Tensor:
-        """prefixes ``(R, t)`` (BOS first) -> log-probabilities of the next token ``(R, V)``, float32
-        (``normalize=False``: the logits, enough for an argmax)."""
-        if self.use_cache:
-            logits = self.model.decode(prefixes[:, -1:], cache=self.cache).logits[:, -1]  # (R, V)
-        else:
-            select = torch.zeros_like(prefixes, dtype=torch.bool)
-            select[:, -1] = True
-            logits = self.model.decode(prefixes, self.memory, self.memory_mask, select=select).logits  # (R, V)
-        return F.log_softmax(logits.float(), dim=-1) if normalize else logits.float()
+    def __call__(self, tokens: Tensor) -> Tensor:
+        return self.model.decode(tokens[:, None], cache=self.cache).logits[:, -1]  # (R, V)
 
-    def reorder(self, rows: Tensor, sentences_changed: bool) -> None:
-        if self.use_cache:
-            self.cache.reorder(rows, cross=sentences_changed)
-        else:
-            self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
+    def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
+        self.cache.reorder(rows)
+
+    def argmax(self, logits: Tensor) -> Tensor:
+        return logits.argmax(dim=-1)
+
+
+class _Recompute(_Plain):
+    """As ``_Plain``, but recomputing each row's whole prefix at every step, without a cache (the
+    reference the caches are tested against)."""
+
+    def __init__(self, model: Transformer, src: Tensor, beam: int) -> None:
+        self.model = model
+        enc = model.encode(src)
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
+        self.memory, self.memory_mask = enc.memory[rows], enc.mask[rows]
+        self.prefixes = src.new_empty(rows.numel(), 0)  # (R, t)
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        self.prefixes = torch.cat([self.prefixes, tokens[:, None]], dim=1)
+        select = torch.zeros_like(self.prefixes, dtype=torch.bool)
+        select[:, -1] = True
+        return self.model.decode(self.prefixes, self.memory, self.memory_mask, select=select).logits  # (R, V)
+
+    def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
+        self.memory, self.memory_mask, self.prefixes = self.memory[rows], self.memory_mask[rows], self.prefixes[rows]
+
+
+def _decoding(model: Transformer, src: Tensor, beam: int, steps: int, use_cache: bool) -> _Plain | Decoding:
+    """The decoder state of a search over ``src``, ``beam`` rows per sentence, at most ``steps`` steps."""
+    if not use_cache:
+        return _Recompute(model, src, beam)
+    if is_prepared(model):
+        return Decoding(model, src, beam, steps)
+    return _Plain(model, src, beam)
 
 
 @torch.no_grad()
@@ -204,15 +222,15 @@ def greedy_decode(
     B = src.size(0)
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=src.device)  # the sentences still decoding
-    step = _Stepper(model, src, 1, int(limit.max()), use_cache)
+    state = _decoding(model, src, 1, int(limit.max()), use_cache)
     prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
     out = torch.full((B, int(limit.max())), config.pad_id, dtype=torch.long, device=src.device)
     finished = None  # (R,) rows that have produced EOS but are still decoded (no compaction yet)
     for t in range(out.size(1)):
-        logits = step(prefixes, normalize=False)  # the argmax needs no softmax
+        logits = state(prefixes[:, -1]).float()  # (R, V); the argmax needs no softmax
         logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config)
         logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
-        token = cpu_kernels.argmax(logits)  # (R,): logits.argmax(-1), one pass on the CPU
+        token = state.argmax(logits)  # (R,)
         ended = token == config.eos_id  # (R,)
         if finished is not None:  # rows already ended stay until the next compaction; ignore them
             ended |= finished
@@ -225,7 +243,7 @@ def greedy_decode(
         if n_ended and n_ended * COMPACT_FRACTION >= ended.numel():
             keep = (~ended).nonzero().squeeze(1)
             active, prefixes = active[keep], prefixes[keep]
-            step.reorder(keep, sentences_changed=True)
+            state.reorder(keep, sentences_changed=True)
             finished = None
         else:
             finished = ended if n_ended else None
@@ -272,7 +290,7 @@ def beam_search(
     B, K, device = src.size(0), beam, src.device
     limit = _limits(model, src, max_len_a, max_len)  # (B,)
     active = torch.arange(B, device=device)  # sentence of each group of K rows
-    step = _Stepper(model, src, K, int(limit.max()), use_cache)
+    state = _decoding(model, src, K, int(limit.max()), use_cache)
     prefixes = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)  # (R, t), R = n K
     scores = torch.full((B, K), -torch.inf, device=device)  # log P of each live beam
     scores[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
@@ -280,7 +298,7 @@ def beam_search(
     for t in range(1, int(limit.max()) + 1):
         n = active.numel()
         at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
-        logp = _constrain(step(prefixes), t, at_limit, min_len, config)  # (R, V)
+        logp = _constrain(F.log_softmax(state(prefixes[:, -1]).float(), dim=-1), t, at_limit, min_len, config)  # (R, V)
         logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
         V = logp.size(-1)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
@@ -307,7 +325,7 @@ def beam_search(
         going = (~done).nonzero().squeeze(1)  # (n',)
         rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
         prefixes = torch.cat([prefixes[rows], token[going].view(-1, 1)], dim=1)
-        step.reorder(rows, sentences_changed=bool(done.any()))
+        state.reorder(rows, sentences_changed=bool(done.any()))
         active, scores = active[going], scores[going]
     results = []
     for hyps in finished:
@@ -317,9 +335,9 @@ def beam_search(
 
 
 def _refills(model: Transformer) -> bool:
-    """Whether ``translate_ids`` refills its batches (``_greedy_refilled``, ``_beam_refilled``): ``REFILL`` on, an
-    encoder-decoder in eval mode without an attention window."""
-    return REFILL and isinstance(model, Transformer) and not model.training and model.config.attention_window is None
+    """Whether ``translate_ids`` refills its batches (``_greedy_refilled``, ``_beam_refilled``): a
+    prepared model (``aiayn.engine``) with ``EngineOptions.refill``, without an attention window."""
+    return is_prepared(model) and model.engine.refill and model.config.attention_window is None
 
 
 @torch.no_grad()
@@ -338,7 +356,7 @@ def _greedy_refilled(
     Not in the paper. Batch by batch, a batch runs until its last sentence ends, at most its
     source length + 50 steps, and its last steps decode a few rows at the cost of a full step's
     fixed work (~3 ms for run M's model: on the Ding test split, 169 of 262 greedy steps had 15
-    rows or fewer). Here new sentences join the cache (``KVCache.add_rows``) at position 0 while
+    rows or fewer). Here new sentences join the cache (``EngineCache.add_rows``) at position 0 while
     the others go on, so steps stay full. With float weights each sentence's output is what
     ``greedy_decode`` gives it alone (tested on the CPU, where masked keys add exact zeros; a
     GPU's attention kernels may round differently). int8 (dynamic quantization, activations
@@ -347,7 +365,7 @@ def _greedy_refilled(
     config = model.config
     device = next(model.parameters()).device
     pending = list(batches)
-    cache: KVCache | None = None
+    state: Decoding | None = None
     sentence = torch.zeros(0, dtype=torch.long, device=device)  # (R,) index into sources
     limit = torch.zeros(0, dtype=torch.long, device=device)  # (R,) output limit
     steps = torch.zeros(0, dtype=torch.long, device=device)  # (R,) tokens produced
@@ -360,10 +378,10 @@ def _greedy_refilled(
         if (
             pending
             and 2 * (sentence.numel() - n_ended) <= joined
-            and _fits(cache, sentence.numel(), pending[0], sources, budget)
+            and _fits(state, sentence.numel(), pending[0], sources, budget)
         ):
             batch = pending.pop(0)
-            cache, new_limit = _take_in(model, sources, batch, cache, 1, max_len_a)
+            state, new_limit = _take_in(model, sources, batch, state, 1, max_len_a)
             B = len(batch)
             sentence = torch.cat([sentence, torch.tensor(batch, device=device)])
             limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(B)])
@@ -371,19 +389,19 @@ def _greedy_refilled(
             ended = torch.cat([ended, ended.new_zeros(B)])
             out = _with_rows(out, B, int(limit.max()), config.pad_id)
             joined = B
-        logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (R, V)
+        logits = state(last).float()  # (R, V)
         logits = _constrain(logits, 1, steps + 1 >= limit, 0, config)  # no min_len
         if no_repeat_ngram_size:
             history = _histories(out, steps, config.bos_id)  # (R, 1 + t')
             logits = _ban_repeated_ngrams(logits, history, no_repeat_ngram_size, config.eos_id)
-        token = cpu_kernels.argmax(logits)  # (R,)
+        token = state.argmax(logits)  # (R,)
         going = (~ended).nonzero().squeeze(1)  # rows that have not ended: their token counts
         out[going, steps[going]] = token[going]
         ended = ended | (token == config.eos_id)
         steps = steps + (~ended).long()
         last = token
-        if cache.positions is not None:  # ended rows wait at position 0 until they leave
-            cache.positions.masked_fill_(ended, 0)
+        if state.cache.positions is not None:  # ended rows wait at position 0 until they leave
+            state.cache.positions.masked_fill_(ended, 0)
         n_ended = int(ended.sum())
         if n_ended and n_ended * COMPACT_FRACTION >= ended.numel():
             done = ended.nonzero().squeeze(1)
@@ -393,42 +411,43 @@ def _greedy_refilled(
             if keep.numel() == 0:
                 if not pending:
                     return
-                cache, joined = None, 0
+                state, joined = None, 0
             else:
-                cache.reorder(keep)
-                cache.drop_leading()
+                state.reorder(keep)
+                state.cache.drop_leading()
             sentence, limit, steps, last, ended, out = (t[keep] for t in (sentence, limit, steps, last, ended, out))
             n_ended = 0
 
 
 def _fits(
-    cache: KVCache | None, sentences: int, batch: Sequence[int], sources: Sequence[Sequence[int]], budget: int
+    state: Decoding | None, sentences: int, batch: Sequence[int], sources: Sequence[Sequence[int]], budget: int
 ) -> bool:
     """Whether ``batch`` may join a cache of ``sentences`` sentences: the source positions the
     encoder-decoder K/V then hold, padded to the longest source, stay within twice a batch's
     ``budget`` (a long sentence joining many short ones waits until they have ended)."""
-    if cache is None:
+    if state is None:
         return True
     longest = max(len(sources[i]) for i in batch) + 1  # EOS included
-    return (sentences + len(batch)) * max(cache.cross_attn[0].length, longest) <= 2 * budget
+    return (sentences + len(batch)) * max(state.cache.cross_attn[0].length, longest) <= 2 * budget
 
 
 def _take_in(
     model: Transformer,
     sources: Sequence[Sequence[int]],
     batch: Sequence[int],
-    cache: KVCache | None,
+    state: Decoding | None,
     K: int,
     max_len_a: int,
-) -> tuple[KVCache, Tensor]:
+) -> tuple[Decoding, Tensor]:
     """Encode the sentences ``batch`` (indices into ``sources``) and add K rows each (beams) to
-    ``cache``, or start one; return the cache and their output limits ``(len(batch),)``."""
+    ``state``, or start one; return it and their output limits ``(len(batch),)``."""
     config = model.config
     src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, next(model.parameters()).device)
-    enc = model.encode(src)
-    new = model.init_cache(enc.memory, enc.mask).expand(K)
     limit = _limits(model, src, max_len_a, None)
-    return (new.reserve(int(limit.max())) if cache is None else cache.add_rows(new)), limit
+    if state is None:
+        return Decoding(model, src, K, int(limit.max())), limit
+    state.add(src)
+    return state, limit
 
 
 def _with_rows(out: Tensor, rows: int, width: int, pad_id: int) -> Tensor:
@@ -458,7 +477,7 @@ def _beam_refilled(
     device = next(model.parameters()).device
     K = beam
     pending = list(batches)
-    cache: KVCache | None = None
+    state: Decoding | None = None
     active = torch.zeros(0, dtype=torch.long, device=device)  # (n,) index into sources of each sentence
     limit = torch.zeros(0, dtype=torch.long, device=device)  # (n,) output limit
     steps = torch.zeros(0, dtype=torch.long, device=device)  # (n,) tokens produced by each beam so far
@@ -468,9 +487,9 @@ def _beam_refilled(
     finished: dict[int, list[Hypothesis]] = {}
     joined = 0  # sentences of the last batch taken in
     while True:
-        if pending and 2 * active.numel() <= joined and _fits(cache, active.numel(), pending[0], sources, budget):
+        if pending and 2 * active.numel() <= joined and _fits(state, active.numel(), pending[0], sources, budget):
             batch = pending.pop(0)
-            cache, new_limit = _take_in(model, sources, batch, cache, K, max_len_a)
+            state, new_limit = _take_in(model, sources, batch, state, K, max_len_a)
             n2 = len(batch)
             active = torch.cat([active, torch.tensor(batch, device=device)])
             limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(n2)])
@@ -481,7 +500,7 @@ def _beam_refilled(
             finished.update((i, []) for i in batch)
             joined = n2
         n, t = active.numel(), steps + 1  # t: each sentence's output length after this step
-        logits = model.decode(last[:, None], cache=cache).logits[:, -1]  # (n K, V)
+        logits = state(last)  # (n K, V)
         logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0, config)
         if no_repeat_ngram_size:
             history = _histories(out, steps.repeat_interleave(K), config.bos_id)  # (n K, 1 + t')
@@ -510,15 +529,15 @@ def _beam_refilled(
         if going.numel() == 0:
             if not pending:
                 return
-            cache, joined = None, 0
+            state, joined = None, 0
         rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
         out = out[rows]
         out[torch.arange(rows.numel(), device=device), steps[going].repeat_interleave(K)] = token[going].view(-1)
         last = token[going].view(-1)
         active, limit, steps, scores = active[going], limit[going], t[going], scores[going]
-        if cache is not None:
-            cache.reorder(rows, cross=bool(done.any()))
-            cache.drop_leading()
+        if state is not None:
+            state.reorder(rows, sentences_changed=bool(done.any()))
+            state.cache.drop_leading()
 
 
 def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, device: torch.device) -> Tensor:
@@ -550,9 +569,10 @@ def translate_ids(
     ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the
-    beam); a sentence longer than that gets a batch of its own. Once half of a batch's sentences
-    have ended, the next batch's join the decoding (``REFILL``; not with an attention window,
-    which goes batch by batch), as long as the sentences decoding together hold at most twice
+    beam); a sentence longer than that gets a batch of its own. With a prepared model
+    (``aiayn.engine``), once half of a batch's sentences have ended, the next batch's join the
+    decoding (``EngineOptions.refill``; not with an attention window, which goes batch by batch),
+    as long as the sentences decoding together hold at most twice
     ``max_tokens`` source positions, padded to the longest; with float weights the results are
     those of decoding each sentence alone either way.
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead

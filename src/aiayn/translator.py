@@ -19,6 +19,7 @@ import torch
 
 from .data.tokenizer import TOKENIZER_NAME, Tokenizer
 from .decode import translate_ids
+from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
 
 __all__ = ["Translator"]
@@ -27,38 +28,48 @@ __all__ = ["Translator"]
 class Translator:
     """A ``Transformer`` with its tokenizer: text in, text out, batched by tokens.
 
-    Inputs longer than the model's ``max_len`` positions are truncated with a warning; an empty
-    or whitespace-only input gives an empty output without running the model.
+    The model decodes on the engine (``aiayn.engine.prepare``, with ``quantize`` and ``options``;
+    ``self.model`` is the prepared model, sharing the given one's parameters). Inputs longer than
+    the model's ``max_len`` positions are truncated with a warning; an empty or whitespace-only
+    input gives an empty output without running the model.
     """
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        quantize: str | None = None,
+        options: EngineOptions | None = None,
+    ) -> None:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
             )
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model = model if is_prepared(model) else prepare(model.eval(), quantize, options)
+        self.tokenizer = tokenizer
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, device: str | torch.device = "cpu", quantize: str | None = None
+        cls,
+        directory: str | Path,
+        device: str | torch.device = "cpu",
+        quantize: str | None = None,
+        options: EngineOptions | None = None,
     ) -> Translator:
         """Load ``config.json``, ``model.safetensors`` and ``tokenizer.json`` from ``directory``.
 
-        ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only).
-        Missing or unreadable files raise an error naming the file.
+        ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only);
+        ``options``: the engine's choices (``aiayn.engine.EngineOptions``). Missing or
+        unreadable files raise an error naming the file.
         """
+        if quantize not in (None, "int8"):  # before loading anything
+            raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
+        if quantize is not None and torch.device(device).type != "cpu":
+            raise ValueError("int8 quantization runs on the CPU only")
         directory = Path(directory)
         model = Transformer.from_pretrained(directory, device=device)
         tokenizer = Tokenizer.load(directory / TOKENIZER_NAME, model.config.vocab_size)
-        if quantize is not None:
-            if quantize != "int8":
-                raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
-            if torch.device(device).type != "cpu":
-                raise ValueError("int8 quantization runs on the CPU only")
-            from .quantize import quantize_int8
-
-            model = quantize_int8(model)
-        return cls(model, tokenizer)
+        return cls(model, tokenizer, quantize, options)
 
     @property
     def max_source_tokens(self) -> int:
@@ -203,7 +214,7 @@ class Translator:
     @torch.no_grad()
     def perplexity(self, sources: Sequence[str], references: Sequence[str], max_tokens: int = 4096) -> float:
         """exp(mean NLL per reference token, EOS included) under teacher forcing."""
-        from .train.trainer import evaluate_loss
+        from .evaluate import evaluate_loss
 
         (source_ids, long_sources), (reference_ids, long_references) = self._encode(sources), self._encode(references)
         self._warn_truncated(long_sources + long_references, what="source or reference line(s) of the perplexity")

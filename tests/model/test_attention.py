@@ -73,7 +73,7 @@ def test_fast_and_explicit_paths_equal_the_formula(mask_name):
 
 def test_fast_path_takes_strided_head_vectors():
     """Queries, keys and values whose head vectors are strided (a decoding step's projections
-    come transposed, model/linear.py) give the formula's result without weights (the path that
+    come transposed from the engine's products) give the formula's result without weights (the path that
     makes them contiguous for the fused kernel; which kernel runs is measured in bench/, not here)."""
     q, k, v = qkv()
     mask = MASKS["padding"]()

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from .attention import AttentionCache, KVCache, MultiHeadAttention, scaled_dot_product_attention
+from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding, sinusoidal_encoding
@@ -39,7 +40,6 @@ def load_pretrained(directory: str | Path, device: str = "cpu") -> Transformer |
 __all__ = [
     "ARCHITECTURES",
     "Attention",
-    "AttentionCache",
     "CONFIG_NAME",
     "Decoder",
     "DecoderLayer",
@@ -51,6 +51,7 @@ __all__ = [
     "EncoderOnly",
     "EncoderOutput",
     "KVCache",
+    "LayerCache",
     "LearnedPositionalEmbedding",
     "ModelConfig",
     "MultiHeadAttention",

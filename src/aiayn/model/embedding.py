@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-
-from .linear import linear
 
 __all__ = ["TokenEmbedding", "sinusoidal_encoding", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
@@ -40,7 +39,7 @@ class TokenEmbedding(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Pre-softmax linear transformation with the embedding matrix: ``(..., d_model) -> (..., V)``."""
-        return linear(x, self.weight)
+        return F.linear(x, self.weight)
 
 
 def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> Tensor:

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import Dropout
-from .linear import Linear
 
 __all__ = ["PositionwiseFeedForward"]
 
@@ -30,8 +29,8 @@ class PositionwiseFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", activation_dropout: float = 0.0) -> None:
         super().__init__()
-        self.linear1 = Linear(d_model, d_ff)  # W1, b1
-        self.linear2 = Linear(d_ff, d_model)  # W2, b2
+        self.linear1 = nn.Linear(d_model, d_ff)  # W1, b1
+        self.linear2 = nn.Linear(d_ff, d_model)  # W2, b2
         self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
         self.dropout = Dropout(activation_dropout)
 

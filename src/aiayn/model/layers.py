@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .attention import AttentionCache, MultiHeadAttention
+from .attention import MultiHeadAttention
+from .cache import LayerCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .feed_forward import PositionwiseFeedForward
@@ -99,8 +100,8 @@ class DecoderLayer(nn.Module):
         memory: Tensor | None = None,
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
-        self_cache: AttentionCache | None = None,
-        cross_cache: AttentionCache | None = None,
+        self_cache: LayerCache | None = None,
+        cross_cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x ``(B, T, d_model)``; memory ``(B, S, d_model)``; self_mask ``(B|1, 1, T, T')``

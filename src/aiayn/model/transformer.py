@@ -9,8 +9,9 @@ What differs from the paper, and why:
 - ``DecoderOnly`` (a causal language model, as in GPT) and ``EncoderOnly`` (a bidirectional
   encoder with a masked-LM head, as in BERT) are not in the paper; they reuse its layers.
 - ``ModelConfig.final_norm`` optionally adds a LayerNorm after each stack (needed by pre-norm).
-- Incremental decoding with a KV cache (``init_cache`` / ``decode``) is an inference device,
-  exactly equal to recomputing the whole prefix.
+- Incremental decoding with a KV cache (``init_cache`` / ``decode``, ``model/cache.py``) is an
+  inference device, exactly equal to recomputing the whole prefix. The fast inference paths
+  (packed weights, kernels, the flat decoding step) live apart, in ``aiayn.engine``.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from . import incremental, masks
-from .attention import KVCache, MultiHeadAttention
+from . import masks
+from .attention import MultiHeadAttention
+from .cache import KVCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer
-from .linear import Linear
 from .pretrained import PretrainedMixin
 
 __all__ = [
@@ -49,9 +50,7 @@ class EncoderOutput(NamedTuple):
 
 
 class DecoderOutput(NamedTuple):
-    """The decoder's result. With autograd off and at most ``linear.SMALL_ROWS`` rows (a decoding
-    step) the logits may be a transposed view (``model/linear.py``): use ``reshape``, not
-    ``view``, to merge their last dimension."""
+    """The decoder's result."""
 
     logits: Tensor  # (B, T, V)
     cache: KVCache | None
@@ -126,8 +125,6 @@ class Decoder(nn.Module):
         Returns ``(B, T, d_model)`` and, if asked, per-layer self-attention ``(B, H, T, T')``
         and encoder-decoder attention ``(B, H, T, S)`` weights.
         """
-        if incremental.applies(self, x, cache, return_attention):  # a decoding step, flat
-            return incremental.step(self, x, self_mask, memory_mask, cache), None, None
         self_attention = [] if return_attention else None
         cross_attention = [] if return_attention else None
         for i, layer in enumerate(self.layers):
@@ -160,21 +157,15 @@ def _self_mask(config: ModelConfig, T: int, offset: int, causal: bool, device: t
 def _decoder_self_mask(
     config: ModelConfig, tokens: Tensor, cache: KVCache | None
 ) -> tuple[int | Tensor, Tensor | None]:
-    """The position offset of ``tokens`` ``(B, T)`` (one per row ``(B,)`` where the cache's
-    rows are at different steps, ``KVCache.positions``) and their masked self-attention mask
+    """The position offset of ``tokens`` ``(B, T)`` and their masked self-attention mask
     ``(B, 1, T, length + T)``: causal (and windowed) over the cached and the new positions,
     and no padded key."""
     T = tokens.size(1)
     key_mask = masks.padding_mask(tokens, config.pad_id)  # (B, 1, 1, T)
     if cache is None:
         return 0, _and(key_mask, _self_mask(config, T, 0, True, tokens.device))
-    key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, length + T)
-    if cache.positions is not None:  # rows at different steps: one token each, positions per row
-        if T > 1 or config.attention_window is not None:
-            raise ValueError("rows at different positions take one token per step and no attention window")
-        offset, cache.positions = cache.positions, cache.positions + T
-        return offset, key_mask
     offset = cache.length
+    key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, length + T)
     # a single new position may attend to every cached one: no causal mask needed
     return offset, _and(key_mask, _self_mask(config, T, offset, T > 1, tokens.device))
 
@@ -239,7 +230,7 @@ class Transformer(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, cross=True)
         self.output_projection = (
-            None if config.tie_output else Linear(config.d_model, config.tgt_vocab_size, bias=False)
+            None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
         init_weights(self)
 
@@ -324,7 +315,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         self.positional = _positional(config)
         self.dropout = Dropout(config.P_drop)
         self.decoder = Decoder(config, cross=False)
-        self.output_projection = None if config.tie_output else Linear(config.d_model, config.vocab_size, bias=False)
+        self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self)
 
     def init_cache(self) -> KVCache:
@@ -368,10 +359,10 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.d_model, config.d_model)
+        self.dense = nn.Linear(config.d_model, config.d_model)
         self.activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.projection = None if config.tie_output else Linear(config.d_model, config.vocab_size, bias=False)
+        self.projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: Tensor, embedding: TokenEmbedding) -> Tensor:

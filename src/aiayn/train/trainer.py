@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +28,9 @@ import torch
 from ..data.batching import ResampledBatcher, TokenBatcher, padding_fraction
 from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
 from ..decode import translate_ids
-from ..evaluate import Scores, score_translations
-from ..model import DecoderOnly, EncoderOnly, Transformer
+from ..engine import prepare
+from ..evaluate import Scores, evaluate_loss, score_translations
+from ..model import Transformer
 from ..model.pretrained import atomic_write
 from ..progress import progress_bar
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
@@ -41,7 +41,7 @@ from .objectives import Objective, Translation, objective_for
 from .precision import Precision, choose_precision, time_passes
 from .schedule import paper_lr
 
-__all__ = ["TrainResult", "train", "evaluate_loss"]
+__all__ = ["TrainResult", "train"]
 
 Log = Callable[[str], None]
 
@@ -116,38 +116,11 @@ def _positions(
 def dev_translation_scores(
     model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str]
 ) -> Scores:
-    """BLEU and chrF (sacreBLEU) of the model's greedy translations of ``sources``; leaves the
-    model in eval mode."""
+    """BLEU and chrF (sacreBLEU) of the model's greedy translations of ``sources``, decoded by the
+    engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``); leaves the model in eval mode."""
     model.eval()
-    hypotheses = tokenizer.decode_batch(translate_ids(model, [tokenizer.encode(s) for s in sources]))
+    hypotheses = tokenizer.decode_batch(translate_ids(prepare(model), [tokenizer.encode(s) for s in sources]))
     return score_translations(hypotheses, references)
-
-
-@torch.no_grad()
-def evaluate_loss(
-    model: Transformer | DecoderOnly | EncoderOnly,
-    examples: list[Any],
-    max_tokens: int,
-    device: torch.device,
-    objective: Objective | None = None,
-) -> tuple[float, float]:
-    """Label-smoothing-free per-token NLL and perplexity of ``examples`` under ``objective``
-    (default: translation). For the masked LM these are of the masked positions, chosen the
-    same way at every evaluation (seeded by the batch), so that evaluations compare. An example
-    longer than ``max_tokens`` is evaluated in a batch of its own."""
-    objective = objective or Translation()
-    training = model.training
-    model.eval()
-    batcher = TokenBatcher(objective.lengths(examples), max_tokens, shuffle=False, long_alone=True)
-    nll_sum, tokens = 0.0, 0
-    for i, indices in enumerate(batcher.epoch(0)):
-        batch = objective.collate([examples[j] for j in indices], model.config, seed=i).to(device)
-        _, nll = objective.loss(model, batch, 0.0)
-        nll_sum += nll.item()
-        tokens += batch.num_tokens
-    model.train(training)
-    nll = nll_sum / max(tokens, 1)
-    return nll, math.exp(min(nll, 50))
 
 
 PROBE_BATCHES = 9  # a warm-up and 8 timed: about 1 s at the demo's size, 10 s at d_model 512

@@ -1,8 +1,8 @@
-"""The CPU decoding kernels (model/cpu_kernels.py): attention against the formula written out by
+"""The CPU decoding kernels (engine/kernels.py): attention against the formula written out by
 hand and against torch's fused kernel, the argmax against a plain scan, and end to end: decoding
 gives the same tokens with them and without them. Where no C++ compiler is installed the kernels
-cannot be built and these tests skip (as with AIAYN_CPU_KERNELS=0, which turns them off); where
-one is (CI), a failed build fails them."""
+cannot be built and these tests skip (as with AIAYN_CPU_KERNELS=0, which the CLI maps to
+``EngineOptions(kernels=False)``); where one is (CI), a failed build fails them."""
 
 import inspect
 import math
@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import ModelConfig, Transformer
+from aiayn import ModelConfig, Transformer, engine
 from aiayn.decode import beam_search, greedy_decode
-from aiayn.model import cpu_kernels
+from aiayn.engine import EngineOptions
+from aiayn.engine import kernels as cpu_kernels
+from aiayn.engine.step import Decoding
 from aiayn.model.attention import scaled_dot_product_attention
-from aiayn.quantize import quantize_int8
 
 pytestmark = [
     pytest.mark.skipif(
         shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build the kernel"
     ),
-    pytest.mark.skipif(os.environ.get("AIAYN_CPU_KERNELS") == "0", reason="AIAYN_CPU_KERNELS=0 turns the kernels off"),
 ]
 
 
@@ -50,7 +50,7 @@ def by_hand(q, k, v, mask):
 
 def layouts(B, H, T, S, D_k, D_v, seed):
     """q strided as a decoding step's projection leaves it (feature-major rows); k and v as views
-    of position-major cache buffers ``(B, capacity, H, D)``, as ``AttentionCache`` keeps them."""
+    of position-major cache buffers ``(B, capacity, H, D)``, as the engine's cache keeps them."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(H * D_k, B * T, generator=g).t().reshape(B, T, H, D_k).transpose(1, 2)  # (B, H, T, D_k)
     capacity = S + 3
@@ -72,7 +72,7 @@ def masks(B, T, S, seed):
 
 SHAPES = [  # B, H, T, S, D_k, D_v
     (3, 8, 1, 17, 64, 64),  # a greedy step at the base head size
-    (2, 4, 4, 9, 16, 8),  # 4 beams folded into one row's queries (KVCache.expand)
+    (2, 4, 4, 9, 16, 8),  # 4 beams folded into one row's queries (EngineCache.expand)
     (2, 3, 5, 1, 7, 5),  # head sizes that are no multiple of 8, one key
     (1, 2, cpu_kernels.MAX_QUERIES, cpu_kernels.MAX_SCORES // cpu_kernels.MAX_QUERIES, 12, 20),
     (5, 2, 1, 300, 8, 8),  # one query: any number of keys
@@ -94,17 +94,11 @@ def test_kernel_equals_the_formula(shape, mask_name):
         assert torch.all(out[-1] == 0)
 
 
-def test_scaled_dot_product_attention_uses_the_kernel_and_matches_torchs(monkeypatch):
+def test_the_kernel_matches_torchs_fused_attention():
     q, k, v = layouts(4, 8, 1, 21, 64, 64, seed=0)
     mask = masks(4, 1, 21, seed=0)["padding"]
-    calls = []
-    real = cpu_kernels.decode_attention
-    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(1) or real(*a))
-    ours, _ = scaled_dot_product_attention(q, k, v, mask)
-    assert calls == [1]
-    monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
-    torchs, _ = scaled_dot_product_attention(q, k, v, mask)
-    assert calls == [1]  # off: torch's fused kernel ran
+    ours = cpu_kernels.decode_attention(q, k, v, mask)
+    torchs, _ = scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask)
     torch.testing.assert_close(ours, torchs, atol=2e-6, rtol=1e-5)
 
 
@@ -192,9 +186,6 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not cpu_kernels.available()  # tried once: no second build, no second warning
-    q, k, v = layouts(2, 4, 1, 6, 8, 8, seed=2)
-    out, _ = scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(out.double(), by_hand(q, k, v, None), atol=2e-6, rtol=1e-5)
     logits = torch.randn(3, 11)
     assert torch.equal(cpu_kernels.argmax(logits), logits.argmax(-1))  # torch's argmax, without the kernel
 
@@ -206,6 +197,9 @@ def model_and_sources():
         vocab_size=40, d_model=32, d_ff=64, h=4, N=2, P_drop=0.0, max_len=64, pad_id=0, bos_id=1, eos_id=2
     )
     model = Transformer(config).eval()
+    with torch.no_grad():  # random biases and layer norms: default init would hide a dropped one
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if name.endswith("norm.weight") else p + 0.2 * torch.randn_like(p))
     g = torch.Generator().manual_seed(1)
     src = torch.randint(3, 40, (5, 9), generator=g)
     src[1, 6:] = 0  # padded sources: the encoder-decoder mask matters
@@ -216,23 +210,24 @@ def model_and_sources():
 @pytest.mark.parametrize("search", ["greedy", "beam 1", "beam 4", "int8 beam 3"])
 def test_decoding_with_the_kernel_equals_decoding_without_it(model_and_sources, search, monkeypatch):
     model, src = model_and_sources
-    if search.startswith("int8"):
-        model = quantize_int8(model)
+    quantize = "int8" if search.startswith("int8") else None
     beam = int(search.split()[-1]) if "beam" in search else 0
 
-    def run():
+    def run(options):
+        model_ = engine.prepare(model, quantize=quantize, options=options)
         with torch.no_grad():
             if beam:
-                return beam_search(model, src, beam=beam, max_len=20, nbest=beam)
-            return greedy_decode(model, src, max_len=20)
+                return beam_search(model_, src, beam=beam, max_len=20, nbest=beam)
+            return greedy_decode(model_, src, max_len=20)
 
     calls = []
     real = cpu_kernels.decode_attention
     monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(1) or real(*a))
-    ours = run()
+    ours = run(EngineOptions())
     assert calls, "the kernel did not run"
-    monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
-    torchs = run()
+    n = len(calls)
+    torchs = run(EngineOptions(kernels=False))
+    assert len(calls) == n  # off: torch's kernels ran
     if beam:
         for a, b in zip(ours, torchs, strict=True):
             assert [h.tokens for h in a] == [h.tokens for h in b]
@@ -306,62 +301,6 @@ def _fake_build(directory: Path, source: Path, days_unused: float = 31) -> Path:
     return directory
 
 
-def test_a_new_build_removes_the_builds_of_checkouts_that_are_gone(tmp_path):
-    """Each checkout builds under its own name, so deleted clones (CI runs, scratch copies) would
-    leave their builds in the shared cache for ever. Kept: a build whose source exists, one loaded
-    within ``PRUNE_AFTER_DAYS`` (a cache shared by machines that see different files), one being
-    loaded (torch's ``lock``), one without a ninja file, and a directory that is not ours."""
-    root = tmp_path / "torch_extensions"
-    live_source = tmp_path / "a checkout $kept, jörg" / "decode_kernels.cpp"
-    live_source.parent.mkdir()
-    live_source.write_text("// source")
-    gone = tmp_path / "deleted clone, jörg" / "decode_kernels.cpp"  # never created
-    ours = _fake_build(root / "aiayn_cpu_kernels_avx2_000000000000", live_source)
-    orphan = _fake_build(root / "aiayn_cpu_kernels_avx2_111111111111", gone)
-    orphan_other_cpu = _fake_build(root / "aiayn_cpu_kernels_default_222222222222", gone)
-    live = _fake_build(root / "aiayn_cpu_kernels_avx2_333333333333", live_source)
-    not_ours = _fake_build(root / "someone_elses_extension", gone)
-    recent = _fake_build(
-        root / "aiayn_cpu_kernels_avx2_555555555555", gone, days_unused=cpu_kernels.PRUNE_AFTER_DAYS - 1
-    )
-    loading = _fake_build(root / "aiayn_cpu_kernels_avx2_666666666666", gone)
-    (loading / "lock").touch()
-    os.utime(loading, (0, 0))
-    never_built = root / "aiayn_cpu_kernels_avx2_444444444444"
-    never_built.mkdir()  # no build.ninja: a build under way, or one that failed
-    os.utime(never_built, (0, 0))
-    assert sorted(cpu_kernels._prune(ours)) == sorted([orphan, orphan_other_cpu])
-    assert not orphan.exists() and not orphan_other_cpu.exists()
-    for kept in (ours, live, not_ours, recent, loading, never_built):
-        assert kept.exists()
-    assert cpu_kernels._prune(ours) == []  # nothing left to remove
-    assert cpu_kernels._prune(ours, now=time.time() + 86400 * 2) == [recent]  # its time has come
-
-
-def test_only_a_real_build_prunes_and_pruning_never_fails_a_build(monkeypatch, tmp_path):
-    """Loading a cached build touches nothing else in the cache; a build does prune, and an
-    error while pruning leaves the kernels available."""
-    from torch.utils import cpp_extension
-
-    assert cpu_kernels.available()  # the real ops, loaded: the fake load below leaves them
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    root = Path(cpp_extension._get_build_directory(cpu_kernels.build_name(), verbose=False)).parent
-    orphan = _fake_build(root / "aiayn_cpu_kernels_avx2_111111111111", tmp_path / "gone" / "decode_kernels.cpp")
-    monkeypatch.setattr(cpp_extension, "load", lambda *args, **kwargs: None)  # the ops stay those loaded
-    monkeypatch.setattr(cpu_kernels, "_built", lambda *args: True)
-    assert cpu_kernels._build()
-    assert orphan.exists()
-    monkeypatch.setattr(cpu_kernels, "_built", lambda *args: False)
-    assert cpu_kernels._build()
-    assert not orphan.exists()
-
-    def fails(directory):
-        raise UnicodeDecodeError("utf-8", b"\xf6", 0, 1, "a ninja file in another encoding")
-
-    monkeypatch.setattr(cpu_kernels, "_prune", fails)
-    assert cpu_kernels._build()
-
-
 def test_the_build_runs_the_pip_packages_ninja_whatever_ninja_comes_first_on_path(monkeypatch, tmp_path):
     """A system ninja first on PATH (outside the venv) and the pip package's (inside it) hash the
     build's commands differently: each took the other's build for stale. The build always runs the
@@ -432,11 +371,28 @@ def test_argmax_is_the_first_maximum_of_each_row(R, V, layout):
 
 
 def test_greedy_argmax_goes_through_the_kernel(monkeypatch):
+    """On a prepared model with the kernels on; never on the paper's model or with them off."""
     calls = []
     real = cpu_kernels.argmax
     monkeypatch.setattr(cpu_kernels, "argmax", lambda x: calls.append(x.shape) or real(x))
     torch.manual_seed(0)
     model = Transformer(ModelConfig.tiny(40)).eval()
     src = torch.randint(3, 40, (3, 5))
-    greedy_decode(model, src, max_len=4, min_len=4)
+    greedy_decode(engine.prepare(model), src, max_len=4, min_len=4)
     assert calls == [(3, 40)] * 4
+    greedy_decode(model, src, max_len=4, min_len=4)
+    greedy_decode(engine.prepare(model, options=EngineOptions(kernels=False)), src, max_len=4, min_len=4)
+    assert calls == [(3, 40)] * 4
+
+
+def test_the_first_layers_decision_serves_every_layer(monkeypatch):
+    """The step decides once (first layer) whether the kernel serves self- and cross-attention."""
+    calls = []
+    real = cpu_kernels.eligible
+    monkeypatch.setattr(cpu_kernels, "eligible", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    model = engine.prepare(Transformer(ModelConfig.tiny(40, N=3)).eval())
+    state = Decoding(model, torch.randint(3, 40, (2, 5)), beam=1, steps=3)
+    for _ in range(3):
+        state(torch.full((2,), model.config.bos_id))
+    assert calls == [1, 1]

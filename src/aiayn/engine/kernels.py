@@ -13,12 +13,11 @@ Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a tra
 ``model/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
 
 They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
-20 s here, once; the build is cached in ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``,
-one build per checkout and torch installation: ``build_name``; a new build removes those of
-checkouts that are gone and unused for ``PRUNE_AFTER_DAYS``: ``_prune``).
-Without a C++ compiler, or with ``AIAYN_CPU_KERNELS=0`` in the environment, torch's kernels do
-the work as before. Callers: ``scaled_dot_product_attention`` (``model/attention.py``) and
-``greedy_decode``; tests check each kernel against its formula.
+20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
+``~/.cache/torch_extensions``), one build per checkout and torch installation (``build_name``).
+Without a C++ compiler, or with ``EngineOptions(kernels=False)`` (``AIAYN_CPU_KERNELS=0``),
+torch's kernels do the work. Callers: the engine's decoding step (``step.py``) and greedy
+search's argmax (``DecodeState.argmax``); tests check each kernel against its formula.
 
 Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes; R rows, V vocabulary.
 """
@@ -29,11 +28,8 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
-import shutil
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -45,7 +41,6 @@ __all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attenti
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
 MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
 SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
-PRUNE_AFTER_DAYS = 30  # a build of a deleted checkout stays this long after its last load (``_prune``)
 _state: dict[str, bool] = {}  # "ok": whether the build succeeded, once it has been tried
 _lock = threading.Lock()
 log = logging.getLogger("aiayn")
@@ -77,10 +72,8 @@ def build_name() -> str:
 
 
 def available() -> bool:
-    """Whether the kernel is enabled and built (building it on the first call; never while
-    torch.compile traces, and once per process, under a lock; an interrupted build is tried again)."""
-    if os.environ.get("AIAYN_CPU_KERNELS", "1") == "0":
-        return False
+    """Whether the kernels are built (building them on the first call; never while torch.compile
+    traces, and once per process, under a lock; an interrupted build is tried again)."""
     ok = _state.get("ok")
     if ok is None:
         if torch.compiler.is_compiling():
@@ -128,11 +121,6 @@ def _build() -> bool:
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = path
-    if not cached:  # a new build: the time to clear away those of checkouts that are gone
-        try:
-            _prune(Path(cpp_extension._get_build_directory(name, verbose=False)))
-        except Exception as e:  # housekeeping never stands in the way of decoding
-            log.debug("pruning old CPU kernel builds failed: %r", e)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
         with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
@@ -150,57 +138,6 @@ def _built(cpp_extension, name: str) -> bool:
         return library.stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError):  # torch's private helper moved, or nothing built yet
         return False
-
-
-_BUILD_NAME = re.compile(r"aiayn_cpu_kernels_[a-z0-9]+_[0-9a-f]{12}")
-
-
-def _prune(directory: Path, now: float | None = None) -> list[Path]:
-    """Remove the other builds beside ``directory`` (the one just built) whose source file no
-    longer exists and that no process has loaded for ``PRUNE_AFTER_DAYS``: each checkout or venv
-    builds under its own name (``build_name``), so a deleted clone (a CI run's, a scratch copy)
-    leaves ~250 KB that nothing would use again. Returns the removed directories.
-
-    Kept: a build loaded within the period (torch creates and removes a ``lock`` file in the
-    directory at every load, so its time is the last load's; a cache shared by machines that
-    see different files is safe that long), one being built or loaded (its ``lock``), one whose
-    source cannot be checked (no permission) and one whose ninja file is missing or names no
-    source. Paths are compared as bytes, as the file system holds them."""
-    now = time.time() if now is None else now
-    removed = []
-    for other in directory.parent.iterdir():
-        if other == directory or not _BUILD_NAME.fullmatch(other.name):
-            continue
-        try:
-            if now - other.stat().st_mtime < PRUNE_AFTER_DAYS * 86400 or (other / "lock").exists():
-                continue
-            ninja_file = (other / "build.ninja").read_bytes()
-        except OSError:
-            continue
-        # "build decode_kernels.o: compile /path/to/decode_kernels.cpp"; torch escapes a space as
-        # "$ " and, on Windows, a colon as "$:" (nothing else)
-        sources = [
-            re.sub(rb"\$([ :])", rb"\1", line.split(b": compile ", 1)[1].strip())
-            for line in ninja_file.splitlines()
-            if line.startswith(b"build ") and b": compile " in line
-        ]
-        if sources and all(_gone(source) for source in sources):
-            shutil.rmtree(other, ignore_errors=True)
-            removed.append(other)
-    if removed:
-        log.info("removed %d CPU kernel build(s) of checkouts that no longer exist", len(removed))
-    return removed
-
-
-def _gone(path: bytes) -> bool:
-    """Whether nothing is at ``path`` (a file we may not look at is not gone)."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return True
-    except OSError:
-        return False
-    return False
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
