@@ -1,6 +1,7 @@
 """Greedy and beam search (§6.1) against independent truths: recomputation without the cache,
 one sentence at a time, and a brute-force search over every output of a toy model."""
 
+import functools
 import itertools
 import math
 
@@ -355,14 +356,15 @@ def test_refilled_batches_keep_the_no_repeat_ngram_rule_of_each_sentence_alone(m
     assert sum(a != b for a, b in zip(greedy, plain, strict=True)) >= 5  # the rule changes many outputs
     assert len({len(x) for x in greedy}) > 4  # sentences end at many different steps
     beams = [beam_search(model, src, beam=3, nbest=2, max_len_a=6, no_repeat_ngram_size=n)[0] for src in one]
-    calls = []
-    for name in ("_greedy_refilled", "_beam_refilled"):
-        real = getattr(decode, name)
-        monkeypatch.setattr(decode, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+    joins = []
+    real = Decoding.add
+    monkeypatch.setattr(Decoding, "add", lambda self, src: joins.append(1) or real(self, src))
     prepared = _prepared(model)
     assert translate_ids(prepared, sources, max_tokens=40, max_len_a=6, no_repeat_ngram_size=n) == greedy
+    assert joins  # sentences joined while others decoded
+    joins.clear()
     refilled = translate_ids(prepared, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
-    assert len(calls) == 2  # both ran refilled
+    assert joins
     for got, want in zip(refilled, beams, strict=True):
         assert [h.tokens for h in got] == [h.tokens for h in want]
         assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
@@ -444,14 +446,16 @@ def test_a_long_sentence_waits_until_the_short_ones_have_ended(monkeypatch, beam
     _spy_steps(monkeypatch, lambda state, _: sizes.append(cross(state).size(0) * cross(state).size(2)))  # sentences x S
     batches, budget = [list(range(10)), [10]], 60  # the short ones' batch, then the long one's
     prepared = _prepared(model)
+    batches = [(torch.tensor(b), decode._source_tensor([sources[i] for i in b], model.config, "cpu")) for b in batches]
+    rules = decode._rules(model.config, 0, 0)
+    strategy = decode._Greedy() if beam == 1 else decode._Beam(3, 0.6, 2)
+    limits = functools.partial(decode._limits, model, max_len_a=10)
+    found = dict(decode._search(prepared, batches, strategy, rules, limits, refill=True, budget=budget))
     if beam == 1:
-        got = dict(decode._greedy_refilled(prepared, sources, batches, 10, budget))
+        got = found
         want = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
     else:
-        got = {
-            i: [h.tokens for h in hyps]
-            for i, hyps in decode._beam_refilled(prepared, sources, batches, 3, 0.6, 2, 10, budget)
-        }
+        got = {i: [h.tokens for h in hyps] for i, hyps in found.items()}
         want = [
             [h.tokens for h in beam_search(model, torch.tensor([[*s, EOS]]), beam=3, nbest=2, max_len_a=10)[0]]
             for s in sources

@@ -3,7 +3,15 @@ language model and filling masks with an encoder-only one (last section, not in 
 
 Legend: B batch (sentences), K beam size, S source length, L output length, V vocabulary.
 
-Both searches run on the KV cache: the encoder-decoder keys and values are computed once per
+One search loop (``_search``, as fairseq's ``SequenceGenerator`` with its ``search`` strategies
+and logits processors) runs behind ``greedy_decode``, ``beam_search``, ``translate_ids`` (and so
+``Translator``, ``aiayn translate`` and the trainer's dev BLEU) and ``sample``. A step: the
+decoder's next-token logits for every row, a strategy's scores (``_Greedy``, ``_Sample``:
+logits; ``_Beam``: log-probabilities), the rules of ``_rules`` (no padding nor suppressed
+tokens, ``min_len``, EOS at the limit, no repeated n-gram), then the strategy's choice of tokens
+and of the rows that go on. Refilling the batch as sentences end is a scheduler around it.
+
+The loop runs on the KV cache: the encoder-decoder keys and values are computed once per
 source, the self-attention keys and values grow one step at a time, and beam search gathers the
 cache rows by parent beam every step. A model from ``aiayn.engine.prepare`` runs on the engine
 (its cache and flat step, ``engine.step.Decoding``); any other on its own modules and
@@ -23,7 +31,8 @@ Conventions shared by greedy and beam search (as in fairseq):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +75,7 @@ class Hypothesis:
 COMPACT_FRACTION = 4
 
 
-def _limits(model: Transformer, src: Tensor, max_len_a: int, max_len: int | None) -> Tensor:
+def _limits(model: Transformer, src: Tensor, max_len_a: int = 50, max_len: int | None = None) -> Tensor:
     """Per-sentence output limits ``(B,)``: source length (non-pad tokens) + max_len_a, capped by
     ``max_len`` and by the positions a learned positional embedding has."""
     limit = (src != model.config.pad_id).sum(-1) + max_len_a  # (B,)
@@ -75,23 +84,6 @@ def _limits(model: Transformer, src: Tensor, max_len_a: int, max_len: int | None
     if model.config.positional == "learned":
         limit = limit.clamp(max=model.config.max_len - 1)  # BOS takes position 0
     return limit.clamp(min=1)
-
-
-def _constrain(logp: Tensor, length: int, at_limit: Tensor, min_len: int, config: ModelConfig) -> Tensor:
-    """Apply the shared rules to next-token log-probabilities (or logits) ``(R, V)`` for output
-    position ``length`` (1-based): no padding nor ``config.suppress_ids``, no EOS before
-    ``min_len``, only EOS at the limit."""
-    pad_id, eos_id = config.pad_id, config.eos_id
-    logp[:, pad_id] = -torch.inf
-    if config.suppress_ids:  # a list index builds an index tensor: only where there is something to ban
-        logp[:, list(config.suppress_ids)] = -torch.inf
-    if length < min_len:
-        logp[:, eos_id] = -torch.inf
-    if at_limit.any():
-        eos = logp[at_limit, eos_id].clone()
-        logp[at_limit] = -torch.inf
-        logp[at_limit, eos_id] = eos
-    return logp
 
 
 def _ban_repeated_ngrams(logp: Tensor, prefixes: Tensor, n: int, eos_id: int) -> Tensor:
@@ -162,6 +154,12 @@ class _Plain:
     def argmax(self, logits: Tensor) -> Tensor:
         return logits.argmax(dim=-1)
 
+    def drop_leading(self) -> None:  # rows all start together here: nothing to drop
+        pass
+
+    def freeze(self, rows: Tensor) -> None:  # ended rows keep their positions (none added later)
+        pass
+
 
 class _Recompute(_Plain):
     """As ``_Plain``, but recomputing each row's whole prefix at every step, without a cache (the
@@ -184,13 +182,287 @@ class _Recompute(_Plain):
         self.memory, self.memory_mask, self.prefixes = self.memory[rows], self.memory_mask[rows], self.prefixes[rows]
 
 
+class _Prompted(_Plain):
+    """A decoder-only language model continuing prompts ``(B, T)`` on its KV cache: the first
+    step reads the whole prompt in one pass, then each new token comes alone."""
+
+    def __init__(self, model: DecoderOnly, prompt: Tensor) -> None:
+        self.model, self.cache, self.prompt = model, model.init_cache(), prompt
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        if self.prompt is not None:  # the first step: the prompt, BOS first, instead of the BOS fed
+            tokens, self.prompt = self.prompt, None
+            return self.model.decode(tokens, cache=self.cache).logits[:, -1]  # (B, V)
+        return self.model.decode(tokens[:, None], cache=self.cache).logits[:, -1]
+
+
 def _decoding(model: Transformer, src: Tensor, beam: int, steps: int, use_cache: bool) -> _Plain | Decoding:
     """The decoder state of a search over ``src``, ``beam`` rows per sentence, at most ``steps`` steps."""
+    if isinstance(model, DecoderOnly):
+        return _Prompted(model, src)
     if not use_cache:
         return _Recompute(model, src, beam)
     if is_prepared(model):
         return Decoding(model, src, beam, steps)
     return _Plain(model, src, beam)
+
+
+# The rules every search applies to next-token scores (logits processors) ----------------------
+
+
+@dataclass
+class _Step:
+    """What the rules see at a step: each row's output position being chosen ``length`` (1-based,
+    EOS included) and limit ``limit``, both ``(R,)``, and its tokens so far ``history()``."""
+
+    length: Tensor
+    limit: Tensor
+    history: Callable[[], Tensor]  # (R, 1 + t): BOS, then the tokens right-aligned after -1s
+
+
+def _rules(
+    config: ModelConfig, min_len: int = 0, no_repeat_ngram_size: int = 0, eos_at_the_limit: bool = True
+) -> list[Callable[[Tensor, _Step], Tensor]]:
+    """The shared conventions (module docstring), in the order they apply, as functions
+    ``(scores (R, V), step) -> scores`` that change the scores in place. Sampling from a language
+    model stops at its limit without forcing EOS (``eos_at_the_limit=False``)."""
+    pad_id, eos_id = config.pad_id, config.eos_id
+    banned = [pad_id, *config.suppress_ids]  # padding, and config.suppress_ids (a tag is never produced)
+
+    def suppress(scores: Tensor, step: _Step) -> Tensor:
+        scores[:, banned if len(banned) > 1 else pad_id] = -torch.inf
+        return scores
+
+    def min_length(scores: Tensor, step: _Step) -> Tensor:
+        scores[step.length < min_len, eos_id] = -torch.inf
+        return scores
+
+    def eos_at_limit(scores: Tensor, step: _Step) -> Tensor:
+        at_limit = step.limit <= step.length  # (R,)
+        if at_limit.any():
+            eos = scores[at_limit, eos_id].clone()
+            scores[at_limit] = -torch.inf
+            scores[at_limit, eos_id] = eos
+        return scores
+
+    def no_repeat_ngram(scores: Tensor, step: _Step) -> Tensor:
+        return _ban_repeated_ngrams(scores, step.history(), no_repeat_ngram_size, eos_id)
+
+    rules = [suppress, *([min_length] if min_len > 0 else []), *([eos_at_limit] if eos_at_the_limit else [])]
+    return rules + ([no_repeat_ngram] if no_repeat_ngram_size > 0 else [])
+
+
+# Search strategies: what each step keeps of the scores ----------------------------------------
+
+
+class _Greedy:
+    """Greedy search: each sentence's one row takes the most likely token; the sentence ends with
+    EOS or at its limit. Ended rows stay in the batch (decoded along, ignored) until
+    ``COMPACT_FRACTION`` of them have ended, then leave together: gathering the cache is not free."""
+
+    K = 1
+
+    def join(self, sentences: Tensor) -> None:
+        pass
+
+    def scores(self, logits: Tensor) -> Tensor:
+        return logits  # the argmax needs no softmax
+
+    def pick(self, scores: Tensor, state) -> Tensor:
+        return state.argmax(scores)  # (R,)
+
+    def step(self, scores: Tensor, rows: _Rows, state) -> tuple[Tensor, Tensor | None, Tensor | None, list]:
+        """-> (next tokens of the rows kept, their parent rows and the sentences kept, or None and
+        None for all in place, results ``(sentence index, tokens)`` of the sentences that ended)."""
+        token = self.pick(scores, state)  # (R,)
+        eos = token == rows.eos_id
+        ended = (eos | (rows.steps + 1 >= rows.limit)) & ~rows.done  # (n,) with K = 1: rows are sentences
+        results = []
+        if ended.any():
+            index = ended.nonzero().squeeze(1)
+            for i, r, ids in zip(index.tolist(), rows.sentence[index].tolist(), rows.out[index].tolist(), strict=True):
+                last = [] if eos[i] else [int(token[i])]  # at the limit without EOS (sampling): the last token counts
+                results.append((r, ids[: int(rows.steps[i])] + last))
+        done = rows.done | ended
+        n_done = int(done.sum())
+        if n_done and n_done * COMPACT_FRACTION >= done.numel():
+            keep = (~done).nonzero().squeeze(1)
+            return token[keep], keep, keep, results
+        rows.done = done
+        return token, None, None, results
+
+
+class _Sample(_Greedy):
+    """Sampling (not in the paper): each row draws its next token from softmax(logits / T) after
+    top-k and nucleus filtering (``sample_next``); temperature 0 is greedy."""
+
+    def __init__(self, temperature: float, top_k: int | None, top_p: float | None, generator) -> None:
+        self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
+
+    def pick(self, scores: Tensor, state) -> Tensor:
+        return sample_next(scores, self.temperature, self.top_k, self.top_p, self.generator)  # (R,)
+
+
+class _Beam:
+    """Beam search with length penalty (§6.1): each step extends the K live beams of every sentence
+    by every token, keeps the 2K best candidates by log P, finalizes the EOS candidates ranked
+    among the first K (scored log P / lp(|Y|)) and continues with the K best non-EOS ones; a
+    sentence ends once it has K finished hypotheses or reaches its length limit."""
+
+    def __init__(self, K: int, alpha: float, nbest: int) -> None:
+        self.K, self.alpha, self.nbest = K, alpha, nbest
+        self.log_p: Tensor | None = None  # (n, K): log P of each live beam
+        self.finished: dict[int, list[Hypothesis]] = {}
+
+    def join(self, sentences: Tensor) -> None:
+        fresh = torch.full((sentences.numel(), self.K), -torch.inf, device=sentences.device)
+        fresh[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
+        self.log_p = fresh if self.log_p is None else torch.cat([self.log_p, fresh])
+        self.finished.update((i, []) for i in sentences.tolist())
+
+    def scores(self, logits: Tensor) -> Tensor:
+        return F.log_softmax(logits, dim=-1)
+
+    def step(self, scores: Tensor, rows: _Rows, state) -> tuple[Tensor, Tensor | None, Tensor, list]:
+        K, n, V = self.K, rows.sentence.numel(), scores.size(-1)
+        length = rows.steps + 1  # (n,) each sentence's output length after this step, EOS included
+        candidates = (self.log_p.view(n * K, 1) + scores).view(n, K * V)
+        top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
+        parent, token = index // V, index % V
+        is_eos = token == rows.eos_id
+        eos_rank = (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist()  # EOS among the first K, best first
+        if eos_rank:
+            ended = torch.tensor([i * K + int(parent[i, r]) for i, r in eos_rank], device=scores.device)
+            for (i, r), tokens in zip(eos_rank, rows.out[ended].tolist(), strict=True):
+                hyps = self.finished[int(rows.sentence[i])]
+                if len(hyps) < K:
+                    t, log_p = int(length[i]), float(top[i, r])
+                    hyps.append(Hypothesis(tokens[: t - 1], log_p / length_penalty(t, self.alpha), log_p))
+        keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # the K best non-EOS (n, K)
+        self.log_p = top.gather(1, keep_rank)
+        parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)
+        full = torch.tensor([len(self.finished[b]) >= K for b in rows.sentence.tolist()], device=scores.device)
+        done = full | (rows.limit <= length)
+        results = []
+        for b in rows.sentence[done].tolist():
+            hyps = sorted(self.finished.pop(b), key=lambda h: h.score, reverse=True)
+            results.append((b, hyps[: self.nbest]))
+        going = (~done).nonzero().squeeze(1)  # (n',)
+        self.log_p = self.log_p[going]
+        parents = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) each new row's parent row
+        return token[going].view(-1), parents, going, results
+
+
+# The search loop (§6.1), with a scheduler that refills the batch --------------------------------
+
+
+@dataclass
+class _Rows:
+    """The sentences decoding together (n) and their K rows each (R = n K)."""
+
+    sentence: Tensor  # (n,) index of each sentence among the inputs
+    limit: Tensor  # (n,) output limit, EOS included
+    steps: Tensor  # (n,) tokens produced so far (EOS excluded)
+    done: Tensor  # (n,) ended, still in the batch (greedy's lazy compaction)
+    last: Tensor  # (R,) each row's latest token, the next step's input
+    out: Tensor  # (R, W) each row's tokens so far
+    eos_id: int
+
+    def select(self, keep: Tensor, parents: Tensor) -> None:
+        self.sentence, self.limit, self.steps = self.sentence[keep], self.limit[keep], self.steps[keep]
+        self.done, self.out = self.done[keep], self.out[parents]
+
+    def join(self, sentences: Tensor, limit: Tensor, K: int, bos_id: int, pad_id: int) -> None:
+        n2 = sentences.numel()
+        self.sentence, self.limit = torch.cat([self.sentence, sentences]), torch.cat([self.limit, limit])
+        self.steps = torch.cat([self.steps, self.steps.new_zeros(n2)])
+        self.done = torch.cat([self.done, self.done.new_zeros(n2)])
+        self.last = torch.cat([self.last, self.last.new_full((n2 * K,), bos_id)])
+        out = F.pad(self.out, (0, max(int(self.limit.max()) - self.out.size(1), 0)), value=pad_id)
+        self.out = torch.cat([out, out.new_full((n2 * K, out.size(1)), pad_id)])
+
+
+@torch.no_grad()
+def _search(
+    model: Transformer,
+    batches: Sequence[tuple[Tensor, Tensor]],
+    strategy: _Greedy | _Beam,
+    rules: list,
+    limits: Callable[[Tensor], Tensor],
+    use_cache: bool = True,
+    refill: bool = False,
+    budget: int = 0,
+) -> Iterator[tuple[int, Any]]:
+    """Run ``strategy`` over ``batches`` of ``(sentence indices (B,), padded sources (B, S))``
+    (for a decoder-only model: prompts), each with output limits ``limits(src)`` ``(B,)``,
+    yielding ``(index, result)`` as sentences end: greedy's or sampling's tokens (EOS cut off),
+    or beam's hypotheses.
+
+    One step: the decoder's next-token logits for every row (``_decoding``: the engine's state for
+    a prepared model, the model's own cache otherwise), the strategy's scores (logits, or
+    log-probabilities), the ``rules``, then the strategy's choice of tokens and of the rows that go
+    on; the cache follows the rows (``reorder``). Batch after batch, or, with ``refill`` (a
+    prepared model), a scheduler: once half of the sentences decoding have ended, the next
+    batch joins at position 0 while the others go on (``Decoding.add``), as long as the
+    sentences decoding together hold at most ``2 budget`` source positions padded to the longest
+    (a long sentence waits until short ones have ended). Not in the paper: batch by batch, a
+    batch runs until its last sentence ends, and its last steps decode a few rows at the cost
+    of a full step's fixed work. With float weights each sentence's result is what it gets
+    decoded alone (tested on the CPU); int8 activations are scaled by the whole batch's range.
+    """
+    config, K = model.config, strategy.K
+    pending = list(batches)
+    state = rows = None
+    joined = 0  # sentences of the last batch taken in
+    while True:
+        live = 0 if rows is None else int((~rows.done).sum())
+        if pending and (
+            state is None
+            or (refill and 2 * live <= joined and _fits(state, rows.sentence.numel(), pending[0][1], budget))
+        ):
+            sentences, src = pending.pop(0)
+            limit = limits(src)
+            if state is None:
+                state = _decoding(model, src, K, int(limit.max()), use_cache)
+                none = limit[:0]
+                rows = _Rows(none, none, none, none.bool(), none, src.new_zeros(0, 0), config.eos_id)
+            else:
+                state.add(src)
+            rows.join(sentences, limit, K, config.bos_id, config.pad_id)
+            strategy.join(sentences)
+            joined = sentences.numel()
+        logits = state(rows.last).float()  # (R, V)
+        steps = rows.steps.repeat_interleave(K)  # (R,)
+        out = rows.out
+        step = _Step(steps + 1, rows.limit.repeat_interleave(K), lambda: _histories(out, steps, config.bos_id))  # noqa: B023
+        scores = strategy.scores(logits)
+        for rule in rules:
+            scores = rule(scores, step)
+        token, parents, keep, results = strategy.step(scores, rows, state)
+        yield from results
+        if parents is not None:
+            if parents.numel() == 0:  # every sentence has ended
+                state = rows = None
+                joined = 0
+                if not pending:
+                    return
+                continue
+            state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
+            state.drop_leading()
+            rows.select(keep, parents)
+        # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
+        rows.out.scatter_(1, rows.steps.repeat_interleave(K)[:, None], token[:, None])
+        rows.steps = rows.steps + (~rows.done).long()
+        rows.last = token
+        if rows.done.any():
+            state.freeze(rows.done.repeat_interleave(K))
+
+
+def _fits(state, sentences: int, src: Tensor, budget: int) -> bool:
+    """Whether the sources ``src`` ``(B, S)`` may join ``sentences`` sentences: the source
+    positions the encoder-decoder K/V then hold, padded to the longest source, stay within twice
+    a batch's ``budget``."""
+    return (sentences + src.size(0)) * max(state.cache.cross_attn[0].length, src.size(1)) <= 2 * budget
 
 
 @torch.no_grad()
@@ -206,7 +478,8 @@ def greedy_decode(
     """Pick the most likely token at every step until every sentence has produced EOS.
 
     Args:
-        model: an encoder-decoder ``Transformer`` (put it in eval mode first).
+        model: an encoder-decoder ``Transformer`` in eval mode, or one prepared by
+            ``aiayn.engine.prepare`` (the same outputs, faster).
         src: ``(B, S)`` source token ids, padded with ``config.pad_id``.
         max_len, max_len_a, min_len: the output limits (module docstring); by default each
             sentence may produce its source length + 50 tokens.
@@ -219,35 +492,15 @@ def greedy_decode(
     if no_repeat_ngram_size < 0:
         raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
     config = model.config
-    B = src.size(0)
-    limit = _limits(model, src, max_len_a, max_len)  # (B,)
-    active = torch.arange(B, device=src.device)  # the sentences still decoding
-    state = _decoding(model, src, 1, int(limit.max()), use_cache)
-    prefixes = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)
-    out = torch.full((B, int(limit.max())), config.pad_id, dtype=torch.long, device=src.device)
-    finished = None  # (R,) rows that have produced EOS but are still decoded (no compaction yet)
-    for t in range(out.size(1)):
-        logits = state(prefixes[:, -1]).float()  # (R, V); the argmax needs no softmax
-        logits = _constrain(logits, t + 1, limit[active] <= t + 1, min_len, config)
-        logits = _ban_repeated_ngrams(logits, prefixes, no_repeat_ngram_size, config.eos_id)
-        token = state.argmax(logits)  # (R,)
-        ended = token == config.eos_id  # (R,)
-        if finished is not None:  # rows already ended stay until the next compaction; ignore them
-            ended |= finished
-            token = token.masked_fill(finished, config.pad_id)
-        out[active, t] = token
-        prefixes = torch.cat([prefixes, token[:, None]], dim=1)
-        n_ended = int(ended.sum())
-        if n_ended == ended.numel():
-            break
-        if n_ended and n_ended * COMPACT_FRACTION >= ended.numel():
-            keep = (~ended).nonzero().squeeze(1)
-            active, prefixes = active[keep], prefixes[keep]
-            state.reorder(keep, sentences_changed=True)
-            finished = None
-        else:
-            finished = ended if n_ended else None
-    return out[:, : t + 1]  # limits are >= 1: the loop ran
+    rules = _rules(config, min_len, no_repeat_ngram_size)
+    sentences = torch.arange(src.size(0), device=src.device)
+    limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=max_len)
+    found = dict(_search(model, [(sentences, src)], _Greedy(), rules, limits, use_cache))
+    width = max(len(found[b]) for b in range(src.size(0))) + 1
+    out = torch.full((src.size(0), width), config.pad_id, dtype=torch.long, device=src.device)
+    for b in range(src.size(0)):
+        out[b, : len(found[b]) + 1] = torch.tensor([*found[b], config.eos_id])
+    return out
 
 
 @torch.no_grad()
@@ -263,16 +516,13 @@ def beam_search(
     use_cache: bool = True,
     no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Beam search with length penalty (§6.1: beam size 4, α = 0.6), batched over sentences.
-
-    Each step extends the K live beams of every sentence by every token, keeps the 2K best
-    candidates by log P, finalizes the EOS candidates ranked among the first K (scored
-    log P / lp(|Y|)) and continues with the K best non-EOS ones; a sentence stops once it has K
-    finished hypotheses or reaches its length limit (EOS is forced there), and leaves the batch.
-    The KV cache is gathered by parent beam every step.
+    """Beam search with length penalty (§6.1: beam size 4, α = 0.6), batched over sentences
+    (``_Beam``); the KV cache is gathered by parent beam every step, and a sentence leaves the
+    batch once it has K finished hypotheses or reaches its length limit (EOS is forced there).
 
     Args:
-        model: an encoder-decoder ``Transformer`` in eval mode.
+        model: an encoder-decoder ``Transformer`` in eval mode, or one prepared by
+            ``aiayn.engine.prepare``.
         src: ``(B, S)`` source ids padded with ``config.pad_id``.
         beam: K; ``beam=1`` gives the greedy output.
         alpha: the length penalty's α (0: plain log-probability).
@@ -282,266 +532,24 @@ def beam_search(
     Returns:
         for every sentence, its ``nbest`` best ``Hypothesis`` objects, best first.
     """
+    _check(beam, nbest, no_repeat_ngram_size)
+    rules = _rules(model.config, min_len, no_repeat_ngram_size)
+    sentences = torch.arange(src.size(0), device=src.device)
+    limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=max_len)
+    found = dict(_search(model, [(sentences, src)], _Beam(beam, alpha, nbest), rules, limits, use_cache))
+    return [found[b] for b in range(src.size(0))]
+
+
+def _check(beam: int, nbest: int, no_repeat_ngram_size: int) -> None:
     if beam < 1 or not 1 <= nbest <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     if no_repeat_ngram_size < 0:
         raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
-    config = model.config
-    B, K, device = src.size(0), beam, src.device
-    limit = _limits(model, src, max_len_a, max_len)  # (B,)
-    active = torch.arange(B, device=device)  # sentence of each group of K rows
-    state = _decoding(model, src, K, int(limit.max()), use_cache)
-    prefixes = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)  # (R, t), R = n K
-    scores = torch.full((B, K), -torch.inf, device=device)  # log P of each live beam
-    scores[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for t in range(1, int(limit.max()) + 1):
-        n = active.numel()
-        at_limit = (limit[active] <= t).repeat_interleave(K)  # (R,)
-        logp = _constrain(F.log_softmax(state(prefixes[:, -1]).float(), dim=-1), t, at_limit, min_len, config)  # (R, V)
-        logp = _ban_repeated_ngrams(logp, prefixes, no_repeat_ngram_size, config.eos_id)
-        V = logp.size(-1)
-        candidates = (scores.view(n * K, 1) + logp).view(n, K * V)  # (n, K V)
-        top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
-        parent, token = index // V, index % V  # (n, 2K)
-        is_eos = token == config.eos_id
-        # finalize EOS candidates ranked among the first K, best first
-        eos_rank = (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist()
-        if eos_rank:
-            rows = torch.tensor([i * K + int(parent[i, r]) for i, r in eos_rank], device=device)
-            ended = prefixes[rows, 1:].tolist()
-            for (i, r), tokens in zip(eos_rank, ended, strict=True):
-                b = int(active[i])
-                if len(finished[b]) < K:
-                    log_prob = float(top[i, r])
-                    finished[b].append(Hypothesis(tokens, log_prob / length_penalty(t, alpha), log_prob))
-        # continue with the K best non-EOS candidates (there are at least K among 2K)
-        keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
-        scores = top.gather(1, keep_rank)  # (n, K)
-        parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)  # (n, K)
-        done = torch.tensor([len(finished[b]) >= K for b in active.tolist()], device=device) | (limit[active] <= t)
-        if done.all():
-            break
-        going = (~done).nonzero().squeeze(1)  # (n',)
-        rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
-        prefixes = torch.cat([prefixes[rows], token[going].view(-1, 1)], dim=1)
-        state.reorder(rows, sentences_changed=bool(done.any()))
-        active, scores = active[going], scores[going]
-    results = []
-    for hyps in finished:
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        results.append(hyps[:nbest])
-    return results
 
 
-def _refills(model: Transformer) -> bool:
-    """Whether ``translate_ids`` refills its batches (``_greedy_refilled``, ``_beam_refilled``): a
-    prepared model (``aiayn.engine``) with ``EngineOptions.refill``, without an attention window."""
-    return is_prepared(model) and model.engine.refill and model.config.attention_window is None
-
-
-@torch.no_grad()
-def _greedy_refilled(
-    model: Transformer,
-    sources: Sequence[Sequence[int]],
-    batches: Sequence[Sequence[int]],
-    max_len_a: int,
-    budget: int,
-    no_repeat_ngram_size: int = 0,
-):
-    """Greedy search (as ``greedy_decode``) over many batches, taking in the next batch's
-    sentences as soon as half of the rows decoding have ended, if their sources fit
-    (``_fits``). Yields ``(index, tokens)`` (EOS cut off) as sentences end.
-
-    Not in the paper. Batch by batch, a batch runs until its last sentence ends, at most its
-    source length + 50 steps, and its last steps decode a few rows at the cost of a full step's
-    fixed work (~3 ms for run M's model: on the Ding test split, 169 of 262 greedy steps had 15
-    rows or fewer). Here new sentences join the cache (``EngineCache.add_rows``) at position 0 while
-    the others go on, so steps stay full. With float weights each sentence's output is what
-    ``greedy_decode`` gives it alone (tested on the CPU, where masked keys add exact zeros; a
-    GPU's attention kernels may round differently). int8 (dynamic quantization, activations
-    scaled by the whole batch's range) changes with its batch either way.
-    """
-    config = model.config
-    device = next(model.parameters()).device
-    pending = list(batches)
-    state: Decoding | None = None
-    sentence = torch.zeros(0, dtype=torch.long, device=device)  # (R,) index into sources
-    limit = torch.zeros(0, dtype=torch.long, device=device)  # (R,) output limit
-    steps = torch.zeros(0, dtype=torch.long, device=device)  # (R,) tokens produced
-    last = torch.zeros(0, dtype=torch.long, device=device)  # (R,) the next step's input
-    ended = torch.zeros(0, dtype=torch.bool, device=device)  # (R,) rows that have produced EOS
-    out = torch.zeros(0, 0, dtype=torch.long, device=device)  # (R, W) the tokens produced so far
-    joined = 0  # rows of the last batch taken in
-    n_ended = 0  # rows of the cache that have ended (counted at the end of each step)
-    while True:
-        if (
-            pending
-            and 2 * (sentence.numel() - n_ended) <= joined
-            and _fits(state, sentence.numel(), pending[0], sources, budget)
-        ):
-            batch = pending.pop(0)
-            state, new_limit = _take_in(model, sources, batch, state, 1, max_len_a)
-            B = len(batch)
-            sentence = torch.cat([sentence, torch.tensor(batch, device=device)])
-            limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(B)])
-            last = torch.cat([last, last.new_full((B,), config.bos_id)])
-            ended = torch.cat([ended, ended.new_zeros(B)])
-            out = _with_rows(out, B, int(limit.max()), config.pad_id)
-            joined = B
-        logits = state(last).float()  # (R, V)
-        logits = _constrain(logits, 1, steps + 1 >= limit, 0, config)  # no min_len
-        if no_repeat_ngram_size:
-            history = _histories(out, steps, config.bos_id)  # (R, 1 + t')
-            logits = _ban_repeated_ngrams(logits, history, no_repeat_ngram_size, config.eos_id)
-        token = state.argmax(logits)  # (R,)
-        going = (~ended).nonzero().squeeze(1)  # rows that have not ended: their token counts
-        out[going, steps[going]] = token[going]
-        ended = ended | (token == config.eos_id)
-        steps = steps + (~ended).long()
-        last = token
-        if state.cache.positions is not None:  # ended rows wait at position 0 until they leave
-            state.cache.positions.masked_fill_(ended, 0)
-        n_ended = int(ended.sum())
-        if n_ended and n_ended * COMPACT_FRACTION >= ended.numel():
-            done = ended.nonzero().squeeze(1)
-            for i, ids in zip(sentence[done].tolist(), out[done].tolist(), strict=True):
-                yield i, ids[: ids.index(config.eos_id)]
-            keep = (~ended).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                if not pending:
-                    return
-                state, joined = None, 0
-            else:
-                state.reorder(keep)
-                state.cache.drop_leading()
-            sentence, limit, steps, last, ended, out = (t[keep] for t in (sentence, limit, steps, last, ended, out))
-            n_ended = 0
-
-
-def _fits(
-    state: Decoding | None, sentences: int, batch: Sequence[int], sources: Sequence[Sequence[int]], budget: int
-) -> bool:
-    """Whether ``batch`` may join a cache of ``sentences`` sentences: the source positions the
-    encoder-decoder K/V then hold, padded to the longest source, stay within twice a batch's
-    ``budget`` (a long sentence joining many short ones waits until they have ended)."""
-    if state is None:
-        return True
-    longest = max(len(sources[i]) for i in batch) + 1  # EOS included
-    return (sentences + len(batch)) * max(state.cache.cross_attn[0].length, longest) <= 2 * budget
-
-
-def _take_in(
-    model: Transformer,
-    sources: Sequence[Sequence[int]],
-    batch: Sequence[int],
-    state: Decoding | None,
-    K: int,
-    max_len_a: int,
-) -> tuple[Decoding, Tensor]:
-    """Encode the sentences ``batch`` (indices into ``sources``) and add K rows each (beams) to
-    ``state``, or start one; return it and their output limits ``(len(batch),)``."""
-    config = model.config
-    src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, next(model.parameters()).device)
-    limit = _limits(model, src, max_len_a, None)
-    if state is None:
-        return Decoding(model, src, K, int(limit.max())), limit
-    state.add(src)
-    return state, limit
-
-
-def _with_rows(out: Tensor, rows: int, width: int, pad_id: int) -> Tensor:
-    """``out`` ``(R, W)`` with ``rows`` more rows and at least ``width`` columns, all new entries ``pad_id``."""
-    out = F.pad(out, (0, max(width - out.size(1), 0)), value=pad_id)
-    return torch.cat([out, out.new_full((rows, out.size(1)), pad_id)])
-
-
-@torch.no_grad()
-def _beam_refilled(
-    model: Transformer,
-    sources: Sequence[Sequence[int]],
-    batches: Sequence[Sequence[int]],
-    beam: int,
-    alpha: float,
-    nbest: int,
-    max_len_a: int,
-    budget: int,
-    no_repeat_ngram_size: int = 0,
-):
-    """Beam search (as ``beam_search``) over many batches, taking in the next batch's sentences
-    as soon as half of the sentences decoding have ended, if their sources fit (``_fits``; see
-    ``_greedy_refilled``). Yields ``(index, hypotheses)``, the ``nbest`` best first, as
-    sentences end; with float weights each sentence's are those ``beam_search`` gives it alone
-    (tested on the CPU)."""
-    config = model.config
-    device = next(model.parameters()).device
-    K = beam
-    pending = list(batches)
-    state: Decoding | None = None
-    active = torch.zeros(0, dtype=torch.long, device=device)  # (n,) index into sources of each sentence
-    limit = torch.zeros(0, dtype=torch.long, device=device)  # (n,) output limit
-    steps = torch.zeros(0, dtype=torch.long, device=device)  # (n,) tokens produced by each beam so far
-    scores = torch.zeros(0, K, device=device)  # (n, K) log P of each live beam
-    last = torch.zeros(0, dtype=torch.long, device=device)  # (n K,) the next step's input
-    out = torch.zeros(0, 0, dtype=torch.long, device=device)  # (n K, W) each beam's tokens so far
-    finished: dict[int, list[Hypothesis]] = {}
-    joined = 0  # sentences of the last batch taken in
-    while True:
-        if pending and 2 * active.numel() <= joined and _fits(state, active.numel(), pending[0], sources, budget):
-            batch = pending.pop(0)
-            state, new_limit = _take_in(model, sources, batch, state, K, max_len_a)
-            n2 = len(batch)
-            active = torch.cat([active, torch.tensor(batch, device=device)])
-            limit, steps = torch.cat([limit, new_limit]), torch.cat([steps, steps.new_zeros(n2)])
-            fresh = scores.new_full((n2, K), -torch.inf)
-            fresh[:, 0] = 0.0  # every beam is the same empty prefix: expand only one
-            scores, last = torch.cat([scores, fresh]), torch.cat([last, last.new_full((n2 * K,), config.bos_id)])
-            out = _with_rows(out, n2 * K, int(limit.max()), config.pad_id)
-            finished.update((i, []) for i in batch)
-            joined = n2
-        n, t = active.numel(), steps + 1  # t: each sentence's output length after this step
-        logits = state(last)  # (n K, V)
-        logp = _constrain(F.log_softmax(logits.float(), dim=-1), 1, (limit <= t).repeat_interleave(K), 0, config)
-        if no_repeat_ngram_size:
-            history = _histories(out, steps.repeat_interleave(K), config.bos_id)  # (n K, 1 + t')
-            logp = _ban_repeated_ngrams(logp, history, no_repeat_ngram_size, config.eos_id)
-        V = logp.size(-1)
-        candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
-        top, index = candidates.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
-        parent, token = index // V, index % V
-        is_eos = token == config.eos_id
-        eos_rank = (is_eos[:, :K] & top[:, :K].isfinite()).nonzero().tolist()
-        if eos_rank:
-            rows = torch.tensor([i * K + int(parent[i, r]) for i, r in eos_rank], device=device)
-            for (i, r), tokens in zip(eos_rank, out[rows].tolist(), strict=True):
-                hyps = finished[int(active[i])]
-                if len(hyps) < K:
-                    length, log_prob = int(t[i]), float(top[i, r])
-                    hyps.append(Hypothesis(tokens[: length - 1], log_prob / length_penalty(length, alpha), log_prob))
-        keep_rank = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (n, K)
-        scores = top.gather(1, keep_rank)
-        parent, token = parent.gather(1, keep_rank), token.gather(1, keep_rank)
-        done = torch.tensor([len(finished[b]) >= K for b in active.tolist()], device=device) | (limit <= t)
-        for b in active[done].tolist():
-            hyps = sorted(finished.pop(b), key=lambda h: h.score, reverse=True)
-            yield b, hyps[:nbest]
-        going = (~done).nonzero().squeeze(1)  # (n',)
-        if going.numel() == 0:
-            if not pending:
-                return
-            state, joined = None, 0
-        rows = (going[:, None] * K + parent[going]).view(-1)  # (n' K,) parent rows
-        out = out[rows]
-        out[torch.arange(rows.numel(), device=device), steps[going].repeat_interleave(K)] = token[going].view(-1)
-        last = token[going].view(-1)
-        active, limit, steps, scores = active[going], limit[going], t[going], scores[going]
-        if state is not None:
-            state.reorder(rows, sentences_changed=bool(done.any()))
-            state.cache.drop_leading()
-
-
-def _source_tensor(sources: Sequence[Sequence[int]], pad_id: int, eos_id: int, device: torch.device) -> Tensor:
+def _source_tensor(sources: Sequence[Sequence[int]], config: ModelConfig, device: torch.device) -> Tensor:
     """Sources (ids without EOS) as a padded ``(B, S)`` batch, EOS appended (as in training)."""
+    pad_id, eos_id = config.pad_id, config.eos_id
     longest = max(len(s) for s in sources) + 1
     src = torch.full((len(sources), longest), pad_id, dtype=torch.long)
     for row, ids in enumerate(sources):
@@ -581,12 +589,9 @@ def translate_ids(
     """
     from .data.batching import TokenBatcher
 
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    _check(beam, nbest, no_repeat_ngram_size)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if no_repeat_ngram_size < 0:
-        raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
     config = model.config
     longest = max(config.max_len, MAX_LEN_A)
     if not 0 <= max_len_a <= longest:  # the caches are reserved for the longest output
@@ -597,39 +602,26 @@ def translate_ids(
     lengths = [(len(s) + 1, 0) for s in sources]  # source positions, EOS included
     budget = max(max_tokens // beam, 1)  # source positions a batch may hold
     # a sentence longer than a batch gets a batch of its own; the others keep to the budget
-    batches = TokenBatcher(lengths, budget, shuffle=False, long_alone=True).batches
+    batches = [
+        (torch.tensor(batch, device=device), _source_tensor([sources[i] for i in batch], config, device))
+        for batch in TokenBatcher(lengths, budget, shuffle=False, long_alone=True).batches
+    ]
+    greedy = beam == 1 and nbest == 1
+    strategy = _Greedy() if greedy else _Beam(beam, alpha, nbest)
+    rules = _rules(config, 0, no_repeat_ngram_size)
     results: list = [None] * len(sources)
     bar = None if isinstance(progress, bool) else progress
     if progress is True:
         from .progress import progress_bar
 
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
-    if _refills(model):
-        n = no_repeat_ngram_size
-        if beam == 1 and nbest == 1:
-            finished = _greedy_refilled(model, sources, batches, max_len_a, budget, n)
-        else:
-            finished = _beam_refilled(model, sources, batches, beam, alpha, nbest, max_len_a, budget, n)
-        for i, result in finished:
-            results[i] = result if beam == 1 or nbest > 1 else result[0].tokens
-            if bar is not None:
-                bar.update(1)
-    else:
-        for batch in batches:
-            src = _source_tensor([sources[i] for i in batch], config.pad_id, config.eos_id, device)
-            if beam == 1 and nbest == 1:
-                out = greedy_decode(model, src, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size).tolist()
-                for row, i in enumerate(batch):
-                    ids = out[row]
-                    results[i] = ids[: ids.index(config.eos_id)] if config.eos_id in ids else ids
-            else:
-                hyps = beam_search(
-                    model, src, beam, alpha, nbest, max_len_a=max_len_a, no_repeat_ngram_size=no_repeat_ngram_size
-                )
-                for row, i in enumerate(batch):
-                    results[i] = hyps[row] if nbest > 1 else hyps[row][0].tokens
-            if bar is not None:
-                bar.update(len(batch))
+    # refilled with a prepared model (EngineOptions.refill), not with an attention window
+    refill = is_prepared(model) and model.engine.refill and config.attention_window is None
+    limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=None)
+    for i, result in _search(model, batches, strategy, rules, limits, refill=refill, budget=budget):
+        results[i] = result if greedy or nbest > 1 else result[0].tokens
+        if bar is not None:
+            bar.update(1)
     if progress is True:
         bar.close()
     return results
@@ -717,21 +709,15 @@ def sample(
     B = prompt.size(0)
     if max_new_tokens <= 0:
         return prompt.new_empty(B, 0)
-    cache = model.init_cache()
-    logits = model.decode(prompt, cache=cache).logits[:, -1]  # (B, V)
-    finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
-    out = []
-    for step in range(max_new_tokens):
-        logits[:, config.pad_id] = float("-inf")
-        if config.suppress_ids:
-            logits[:, list(config.suppress_ids)] = float("-inf")
-        token = sample_next(logits, temperature, top_k, top_p, generator).masked_fill(finished, config.pad_id)  # (B,)
-        out.append(token)
-        finished |= token == config.eos_id
-        if finished.all() or step == max_new_tokens - 1:
-            break
-        logits = model.decode(token[:, None], cache=cache).logits[:, -1]  # (B, V)
-    return torch.stack(out, dim=1)
+    rows = torch.arange(B, device=prompt.device)
+    strategy = _Sample(temperature, top_k, top_p, generator)
+    rules = _rules(config, eos_at_the_limit=False)
+    found = dict(_search(model, [(rows, prompt)], strategy, rules, lambda src: torch.full_like(rows, max_new_tokens)))
+    ended = [found[b] + ([config.eos_id] if len(found[b]) < max_new_tokens else []) for b in range(B)]
+    out = torch.full((B, max(map(len, ended))), config.pad_id, dtype=torch.long, device=prompt.device)
+    for b, tokens in enumerate(ended):
+        out[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return out
 
 
 @torch.no_grad()
