@@ -9,6 +9,7 @@ import torch
 
 from aiayn import DecoderOnly, EncoderOnly, ModelConfig
 from aiayn.decode import fill_mask, filter_logits, generate_ids, sample, sample_next
+from helpers import randomize_
 
 V = 24
 PAD, BOS, EOS, MASK = 0, 1, 2, 4
@@ -16,7 +17,7 @@ PAD, BOS, EOS, MASK = 0, 1, 2, 4
 
 def tiny(cls, seed: int = 0):
     torch.manual_seed(seed)
-    model = cls(ModelConfig.tiny(V)).eval()
+    model = randomize_(cls(ModelConfig.tiny(V)).eval(), seed)  # every parameter random: biases and layer norms too
     with torch.no_grad():  # sharper than the initialisation: distinct argmaxes, varied samples
         model.embedding.weight.mul_(4)
     return model

@@ -17,6 +17,7 @@ from aiayn.decode import beam_search, greedy_decode
 from aiayn.evaluate import score_translations
 from aiayn.model import ModelConfig, Transformer
 from aiayn.translator import Translator
+from helpers import randomize_
 
 SENTENCES = [
     "Das Haus ist groß.", "The house is big.", "Die Katze schläft.", "The cat is asleep.",
@@ -30,6 +31,7 @@ def model_dir(tmp_path_factory):
     tokenizer = Tokenizer.train(SENTENCES * 4, vocab_size=300)
     torch.manual_seed(0)
     model = Transformer(ModelConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=48))
+    randomize_(model, 44)  # every parameter random: int8 and the searches are compared on biases and layer norms too
     with torch.no_grad():
         model.tgt_embedding.weight[2] *= 3  # a likely EOS: outputs of different lengths
     model.save_pretrained(directory)

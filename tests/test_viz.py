@@ -16,6 +16,7 @@ from aiayn import viz
 from aiayn.cli import main
 from aiayn.data.tokenizer import TOKENIZER_NAME, Tokenizer
 from aiayn.model import ModelConfig, Transformer
+from helpers import randomize_
 
 SENTENCE = "Das Haus ist groß."
 
@@ -31,7 +32,7 @@ def model_dir(tmp_path_factory):
     torch.manual_seed(0)
     config = _tiny_config(tokenizer)
     directory = tmp_path_factory.mktemp("model")
-    Transformer(config).save_pretrained(directory)
+    randomize_(Transformer(config), 0).save_pretrained(directory)  # every parameter random: biases, layer norms
     tokenizer.save(directory / TOKENIZER_NAME)
     return directory
 
@@ -90,7 +91,7 @@ def test_self_attention_maps_are_each_layers_and_heads_own(loaded, norm_first):
     model, tokenizer = loaded
     if norm_first:
         torch.manual_seed(1)
-        model = Transformer(_tiny_config(tokenizer, norm_first=True)).eval()
+        model = randomize_(Transformer(_tiny_config(tokenizer, norm_first=True)).eval(), 1)
     inputs = {}  # (stack, layer) -> the self-attention's input in the last forward: the teacher-forced one
     hooks = [
         layer.self_attn.register_forward_pre_hook(lambda module, args, key=(stack, i): inputs.update({key: args[0]}))

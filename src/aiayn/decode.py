@@ -284,11 +284,12 @@ class _Greedy:
                 last = [] if eos[i] else [int(token[i])]  # at the limit without EOS (sampling): the last token counts
                 results.append((r, ids[: int(rows.steps[i])] + last))
         done = rows.done | ended
-        n_done = int(done.sum())
+        n_done = rows.n_done + len(results)
         if n_done and n_done * COMPACT_FRACTION >= done.numel():
             keep = (~done).nonzero().squeeze(1)
+            rows.n_done = 0  # the ended rows leave
             return token[keep], keep, keep, results
-        rows.done = done
+        rows.done, rows.n_done = done, n_done
         return token, None, None, results
 
 
@@ -367,6 +368,7 @@ class _Rows:
     last: Tensor  # (R,) each row's latest token, the next step's input
     out: Tensor  # (R, W) each row's tokens so far
     eos_id: int
+    n_done: int = 0  # how many of ``done`` are True
 
     def select(self, keep: Tensor, parents: Tensor) -> None:
         self.sentence, self.limit, self.steps = self.sentence[keep], self.limit[keep], self.steps[keep]
@@ -415,7 +417,7 @@ def _search(
     state = rows = None
     joined = 0  # sentences of the last batch taken in
     while True:
-        live = 0 if rows is None else int((~rows.done).sum())
+        live = 0 if rows is None else rows.sentence.numel() - rows.n_done
         if pending and (
             state is None
             or (refill and 2 * live <= joined and _fits(state, rows.sentence.numel(), pending[0][1], budget))
@@ -432,9 +434,10 @@ def _search(
             strategy.join(sentences)
             joined = sentences.numel()
         logits = state(rows.last).float()  # (R, V)
-        steps = rows.steps.repeat_interleave(K)  # (R,)
+        steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
+        limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
         out = rows.out
-        step = _Step(steps + 1, rows.limit.repeat_interleave(K), lambda: _histories(out, steps, config.bos_id))  # noqa: B023
+        step = _Step(steps + 1, limit, lambda: _histories(out, steps, config.bos_id))  # noqa: B023
         scores = strategy.scores(logits)
         for rule in rules:
             scores = rule(scores, step)
@@ -451,11 +454,13 @@ def _search(
             state.drop_leading()
             rows.select(keep, parents)
         # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
-        rows.out.scatter_(1, rows.steps.repeat_interleave(K)[:, None], token[:, None])
-        rows.steps = rows.steps + (~rows.done).long()
+        rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
         rows.last = token
-        if rows.done.any():
-            state.freeze(rows.done.repeat_interleave(K))
+        if rows.n_done:  # greedy's ended rows, still in the batch
+            rows.steps = rows.steps + (~rows.done).long()
+            state.freeze(rows.done)
+        else:
+            rows.steps = rows.steps + 1
 
 
 def _fits(state, sentences: int, src: Tensor, budget: int) -> bool:

@@ -21,6 +21,7 @@ from aiayn.engine import EngineOptions
 from aiayn.engine import kernels as cpu_kernels
 from aiayn.engine.step import Decoding
 from aiayn.model.attention import scaled_dot_product_attention
+from helpers import randomize_
 
 pytestmark = [
     pytest.mark.skipif(
@@ -196,10 +197,7 @@ def model_and_sources():
     config = ModelConfig(
         vocab_size=40, d_model=32, d_ff=64, h=4, N=2, P_drop=0.0, max_len=64, pad_id=0, bos_id=1, eos_id=2
     )
-    model = Transformer(config).eval()
-    with torch.no_grad():  # random biases and layer norms: default init would hide a dropped one
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if name.endswith("norm.weight") else p + 0.2 * torch.randn_like(p))
+    model = randomize_(Transformer(config).eval(), 0)  # every parameter random: default init would hide a dropped bias
     g = torch.Generator().manual_seed(1)
     src = torch.randint(3, 40, (5, 9), generator=g)
     src[1, 6:] = 0  # padded sources: the encoder-decoder mask matters

@@ -9,6 +9,7 @@ from torch import nn
 
 from aiayn import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 from aiayn.model.attention import MultiHeadAttention
+from helpers import randomize_
 
 V = 32
 
@@ -183,7 +184,7 @@ def test_xavier_uniform_projections_and_zero_biases(cls):
 
 
 def test_transformer_returns_every_layers_attention():
-    model = build(Transformer, N=2, N_dec=3)
+    model = randomize_(build(Transformer, N=2, N_dec=3))
     B, S, T, H = 3, 7, 5, 4
     src = pad(ids(B, S, 0), [7, 4, 2])
     tgt = pad(ids(B, T, 1), [5, 3, 2])
@@ -234,7 +235,7 @@ def test_decoder_only_and_encoder_only_return_attention():
 
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": True}, {"attention_window": 2}])
 def test_transformer_logits_ignore_appended_padding(overrides):
-    model = build(Transformer, **overrides)
+    model = randomize_(build(Transformer, **overrides))
     src = pad(ids(3, 6, 0), [6, 4, 2])
     tgt = pad(ids(3, 5, 1), [5, 3, 1])
     zeros = torch.zeros(3, 4, dtype=torch.long)
@@ -252,7 +253,7 @@ def test_transformer_logits_ignore_appended_padding(overrides):
 
 
 def test_encoder_only_ignores_appended_padding():
-    model = build(EncoderOnly)
+    model = randomize_(build(EncoderOnly))
     tokens = pad(ids(2, 5, 0), [5, 3])
     with torch.no_grad():
         logits = model(tokens)
@@ -323,7 +324,7 @@ def test_gelu_model_differs_from_relu_model():
 
 def test_select_computes_logits_only_at_selected_positions():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.tiny(40)).eval()
+    model = randomize_(Transformer(ModelConfig.tiny(40)).eval())
     src = torch.randint(3, 40, (3, 6))
     tgt = torch.randint(3, 40, (3, 5))
     tgt[1, 3:] = 0
@@ -341,7 +342,7 @@ def test_select_computes_logits_only_at_selected_positions():
 def test_encoder_on_real_positions_only_equals_the_padded_encoder(overrides):
     """``encode`` runs the projections, FFN and layer norms on the real tokens only (packed
     rows); the padded computation is the reference. Gradients agree too."""
-    model = build(Transformer, **overrides)
+    model = randomize_(build(Transformer, **overrides))
     src = pad(ids(3, 6, 0), [6, 4, 2])
     enc = model.encode(src)
     x = model.src_positional(model.src_embedding(src))
@@ -375,7 +376,7 @@ def test_encoder_on_real_positions_only_equals_the_padded_encoder(overrides):
 
 
 def test_cross_attention_cache_projects_real_positions_only():
-    model = build(Transformer)
+    model = randomize_(build(Transformer))
     src = pad(ids(2, 5, 0), [5, 3])
     enc = model.encode(src)
     cache = model.init_cache(enc.memory, enc.mask)

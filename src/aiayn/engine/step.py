@@ -128,9 +128,7 @@ class Decoding:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         return scaled_dot_product_attention(q, k, v, mask)[0]
 
-    def _self_attention(
-        self, mha: MultiHeadAttention, x: Tensor, cache: AttentionCache, mask: Tensor | None
-    ) -> Tensor:
+    def _self_attention(self, mha: MultiHeadAttention, x: Tensor, cache: AttentionCache, mask: Tensor | None) -> Tensor:
         """Masked self-attention of the new position over the cached ones and itself (§3.2.3):
         ``(B, d_model) -> (B, d_model)``."""
         B, H, D_k, D_v = x.size(0), mha.h, mha.d_k, mha.d_v
