@@ -341,7 +341,7 @@ def main() -> None:
                     "speedup_by_round": paired(theirs, times[ours]),
                 })  # fmt: skip
         row(f"aiayn {title} (fp32)", times[kind], beam, peer=peer)
-        row(f"aiayn {title} (fp32, steps module by module)", times[f"module {kind}"], beam, peer=peer)
+        row(f"aiayn {title} (fp32, the paper's model unprepared)", times[f"module {kind}"], beam, peer=peer)
         if f"mkl {kind}" in times:
             row(f"aiayn {title} (fp32, MKL's products)", times[f"mkl {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", times[f"int8 {kind}"], beam, peer=peer)

@@ -446,7 +446,7 @@ def test_no_repeat_ngram_yields_where_min_len_leaves_no_other_token():
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(monkeypatch, positional):
     """``translate_ids`` decodes greedily with new sentences joining the cache as others end
-    (``_greedy_refilled``): each output must be what ``greedy_decode`` gives the sentence alone,
+    (the scheduler of ``_search``): each output must be what ``greedy_decode`` gives the sentence alone,
     and the cache must not grow with the number of sentences."""
     model = _model(seed=1, positional=positional, max_len=64)
     g = torch.Generator().manual_seed(9)
@@ -617,8 +617,8 @@ def test_wide_beam_with_a_suppressed_word_finds_the_best_sequence_without_it_by_
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_translate_ids_with_refilled_batches_never_produces_a_suppressed_token(beam):
-    """``translate_ids`` (new sentences refilling the batch: ``_greedy_refilled``,
-    ``_beam_refilled``) gives each sentence what greedy or beam search gives it alone without
+    """``translate_ids`` (new sentences refilling the batch: the scheduler of ``_search``,
+    greedy and beam) gives each sentence what greedy or beam search gives it alone without
     the word; the greedy outputs are the hand-made search's."""
     model = _model(seed=1, max_len=64)
     g = torch.Generator().manual_seed(9)

@@ -10,7 +10,7 @@ base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C
 queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
 Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a transposed view:
-``model/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
+``engine/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
 
 They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
 20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
