@@ -1,14 +1,15 @@
-"""Attention at decoding steps: aiayn's CPU kernel (model/cpu_kernels.py) against torch's fused
+"""Attention at decoding steps: aiayn's CPU kernel (engine/kernels.py) against torch's fused
 ``F.scaled_dot_product_attention``, per call and end to end.
 
 (i)  Per call, at the shapes of bench/decode_speed.py (base shape: 8 heads of 64; 64 sentences,
      or 64 x 4 beams): one new query per row against keys and values viewed from the
-     position-major cache, as ``AttentionCache`` holds them, including merging the heads for W^O.
+     position-major cache, as the engine's cache holds them, including merging the heads for W^O.
      6 layers' worth of K/V are cycled through, so that each call reads its keys from memory as
-     in a decoding step rather than from cache. Both paths run through aiayn's
-     ``scaled_dot_product_attention``; the peer is the same call with the kernel switched off.
+     in a decoding step rather than from cache. The peer is what the engine's step calls with the
+     kernels off: aiayn's ``scaled_dot_product_attention`` (torch's fused kernel).
 (ii) End to end: greedy, beam 4 and int8 greedy decoding of decode_speed.py's 64 sentences x 40
-     tokens, kernel on and off alternating in one process, and how many of the 64 outputs differ
+     tokens on the engine, ``EngineOptions(kernels=True)`` and ``(kernels=False)`` alternating in
+     one process, and how many of the 64 outputs differ
      (random weights leave near ties; int8's on-the-fly quantization of activations turns
      rounding-level differences into different tokens: docs/benchmarks.md).
 
@@ -21,7 +22,6 @@ The fraction of the CPU's bandwidth is not reported: at these sizes the K/V of 6
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from aiayn import ModelConfig, Transformer
+from aiayn import ModelConfig, Transformer, engine
 from aiayn.decode import beam_search, greedy_decode
-from aiayn.model import cpu_kernels
+from aiayn.engine import EngineOptions
+from aiayn.engine import kernels as cpu_kernels
 from aiayn.model.attention import scaled_dot_product_attention
-from aiayn.quantize import quantize_int8
 from common import machine, median, table, write_result
 from decode_speed import VOCAB, sources
 
@@ -47,15 +47,14 @@ CASES = [  # name, query rows, beams per cached row (encoder-decoder), keys, cac
 ]
 
 
-def kernel(on: bool) -> None:
-    os.environ["AIAYN_CPU_KERNELS"] = "1" if on else "0"
-
-
-def attend(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], S: int, mask: torch.Tensor | None):
-    """One call as ``MultiHeadAttention`` makes it: keys and values viewed from the cache,
+def attend(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], S: int, mask: torch.Tensor | None, on: bool):
+    """One call as the engine's step makes it: keys and values viewed from the cache,
     ``(B, capacity, H, D)`` -> ``(B, H, S, D)``, and the heads merged for W^O afterwards."""
     k, v = (t[:, :S].transpose(1, 2) for t in cache)  # (B, H, S, D)
-    out, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, D)
+    if on:
+        out = cpu_kernels.decode_attention(q, k, v, mask)  # (B, H, T, D)
+    else:  # torch's fused kernel wants each head's vectors contiguous (engine/step.py: _attend)
+        out, _ = scaled_dot_product_attention(q if q.stride(-1) == 1 else q.contiguous(), k, v, mask)
     return out.transpose(1, 2).reshape(q.size(0), -1, H * D)  # (B, T, H*D)
 
 
@@ -78,12 +77,11 @@ def per_call(repeats: int) -> list[dict]:
         outs = {}
         for _ in range(repeats):
             for on in (False, True):
-                kernel(on)
-                outs[on] = attend(q, caches[0], S, mask)
+                outs[on] = attend(q, caches[0], S, mask, on)
                 start = time.perf_counter()
                 for _ in range(20):
                     for cache in caches:
-                        attend(q, cache, S, mask)
+                        attend(q, cache, S, mask, on)
                 times[on].append((time.perf_counter() - start) / (20 * LAYERS))
         torchs, ours = median(times[False]), median(times[True])
         rows.append({
@@ -97,12 +95,15 @@ def per_call(repeats: int) -> list[dict]:
 def end_to_end(repeats: int, length: int = 40) -> list[dict]:
     src = sources(torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.base(VOCAB, P_drop=0.0)).eval()
-    int8 = quantize_int8(model)
+    paper = Transformer(ModelConfig.base(VOCAB, P_drop=0.0)).eval()
+    fp32 = {on: engine.prepare(paper, options=EngineOptions(kernels=on)) for on in (False, True)}
+    int8 = {on: engine.prepare(paper, "int8", EngineOptions(kernels=on)) for on in (False, True)}
     runs = {
-        "greedy (fp32)": lambda: greedy_decode(model, src, max_len=length, min_len=length),
-        "beam 4 (fp32)": lambda: [h[0].tokens for h in beam_search(model, src, beam=4, max_len=length, min_len=length)],
-        "greedy (int8)": lambda: greedy_decode(int8, src, max_len=length, min_len=length),
+        "greedy (fp32)": lambda on: greedy_decode(fp32[on], src, max_len=length, min_len=length),
+        "beam 4 (fp32)": lambda on: [
+            h[0].tokens for h in beam_search(fp32[on], src, beam=4, max_len=length, min_len=length)
+        ],
+        "greedy (int8)": lambda on: greedy_decode(int8[on], src, max_len=length, min_len=length),
     }
     rows = []
     for name, fn in runs.items():
@@ -110,9 +111,8 @@ def end_to_end(repeats: int, length: int = 40) -> list[dict]:
         outs = {}
         for r in range(repeats + 1):  # round 0 warms up
             for on in (False, True):
-                kernel(on)
                 start = time.perf_counter()
-                outs[on] = fn()
+                outs[on] = fn(on)
                 if r:
                     times[on].append(time.perf_counter() - start)
         on, off = outs[True], outs[False]
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--skip-decoding", action="store_true", help="only the per-call table")
     args = parser.parse_args()
     if not cpu_kernels.available():
-        sys.exit("the CPU kernel is not available (no C++ compiler, a failed build, or AIAYN_CPU_KERNELS=0)")
+        sys.exit("the CPU kernel is not available (no C++ compiler, or a failed build)")
     info = machine()
     print(f"{info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}")
     print(table([], CALL_COLUMNS))

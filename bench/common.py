@@ -48,7 +48,7 @@ def machine() -> dict:
 def matmul_peak(device: str = "cpu", sizes: tuple[int, ...] = (1024, 2048, 3072), seconds: float = 1.5) -> float:
     """The best fp32 matmul rate (FLOP/s) of this machine over a few square sizes, and on the CPU
     over both of torch's libraries (MKL's ``a @ b``, and oneDNN's product on a packed weight,
-    which aiayn takes on AVX-512: ``model/linear.py``): the physical limit every other number is
+    which aiayn takes on AVX-512: ``engine/linear.py``): the physical limit every other number is
     stated against."""
     best = 0.0
     for n in sizes:
