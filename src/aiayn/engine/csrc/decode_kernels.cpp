@@ -1,5 +1,5 @@
 // CPU kernels for decoding steps (not in the paper): attention, and greedy search's argmax.
-// aiayn.model.cpu_kernels builds this file on first use; tests check each op against its formula.
+// aiayn.engine.kernels builds this file on first use; tests check each op against its formula.
 //
 // 1. decode_attention: scaled dot-product attention (§3.2.1, eq. 1) of a few queries per row over
 // cached keys and values: softmax(Q Kᵀ / √d_k) V with a boolean mask (True = may attend).
