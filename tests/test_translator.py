@@ -569,3 +569,16 @@ def test_an_unknown_option_is_a_usage_error_of_its_command(model_dir, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "aiayn translate: error: unrecognized arguments: --bogus" in err
     assert "usage: aiayn translate" in err
+
+
+def test_translating_does_not_load_the_training_loop(model_dir):
+    """Inference (translation, perplexity) depends on the model, the engine and the search, not on
+    the trainer (issue 25); before, ``perplexity`` imported ``evaluate_loss`` from it."""
+    code = (
+        "import sys; from aiayn import Translator; "
+        f"t = Translator.from_pretrained({str(model_dir)!r}); "
+        "t.translate(['Das Haus.'], beam=2); t.perplexity(['Das Haus.'], ['The house.']); "
+        "print('aiayn.train.trainer' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
