@@ -494,8 +494,7 @@ def greedy_decode(
     Returns:
         ``(B, L)`` output ids without BOS, each ending in EOS; positions after EOS hold ``pad_id``.
     """
-    if no_repeat_ngram_size < 0:
-        raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
+    _check(1, 1, no_repeat_ngram_size)
     config = model.config
     rules = _rules(config, min_len, no_repeat_ngram_size)
     sentences = torch.arange(src.size(0), device=src.device)

@@ -41,7 +41,7 @@ class SplitCrossAttention(MultiHeadAttention):
     """Encoder-decoder attention with separate Q and [K; V] projections: the rows of the fused
     ``in_proj`` (views, no copy), as two linear layers (§3.2.2, eq. of MultiHead)."""
 
-    def __init__(self, source: MultiHeadAttention, make: type[nn.Module] | None = None) -> None:
+    def __init__(self, source: MultiHeadAttention) -> None:
         nn.Module.__init__(self)
         self.h, self.d_k, self.d_v, self.cross = source.h, source.d_k, source.d_v, True
         self.attention_dropout = source.attention_dropout

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..model.cache import KVCache
+
 __all__ = ["AttentionCache", "EngineCache"]
 
 
@@ -119,8 +121,9 @@ class AttentionCache:
         self._k, self._v = spare_k, spare_v
 
 
-class EngineCache:
-    """The state of incremental decoding for a whole decoder stack.
+class EngineCache(KVCache):
+    """The state of incremental decoding for a whole decoder stack (``KVCache``'s fields, its
+    ``length`` and ``extend_key_mask``, on ``AttentionCache`` layers, and more).
 
     Layout:
         ``self_attn[l]``: the masked self-attention K/V of layer l, growing one step at a time.
@@ -144,11 +147,10 @@ class EngineCache:
     one copy together (reading it once instead of K times).
     """
 
+    layer_cache = AttentionCache
+
     def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
-        self.self_attn = [AttentionCache() for _ in range(num_layers)]
-        self.cross_attn = [AttentionCache() for _ in range(num_layers)] if cross else None
-        self.memory_mask = memory_mask
-        self.key_mask: Tensor | None = None
+        super().__init__(num_layers, cross, memory_mask)
         self.positions: Tensor | None = None
 
     @property
@@ -187,8 +189,8 @@ class EngineCache:
             self.positions = self.positions.index_select(0, indices)
 
     def add_rows(self, other: EngineCache) -> EngineCache:
-        """Append the rows of ``other``, a fresh cache of new sources (``init_cache``, then
-        ``expand`` like this one: no step taken yet), after this one's: decoding goes on for the
+        """Append the rows of ``other``, a fresh cache of new sources (``Decoding._start``:
+        expanded like this one, no step taken yet), after this one's: decoding goes on for the
         rows this cache has while the new ones start at position 0, with the positions cached
         so far masked for them. The encoder-decoder K/V and memory masks are padded to the
         longer source."""
@@ -227,23 +229,6 @@ class EngineCache:
             for layer_cache in self.self_attn:
                 layer_cache.drop_leading(n)
             self.key_mask = self.key_mask[..., n:]
-
-    def extend_key_mask(self, mask: Tensor) -> Tensor | None:
-        """Record the padding mask ``(B, 1, 1, n)`` of n new positions; return the whole
-        ``(B, 1, 1, length + n)`` mask of the self-attention keys, or None while every key is a
-        real token (no mask to apply: the usual case when translating)."""
-        if self.key_mask is None:
-            if bool(mask.all()):
-                return None
-            earlier = mask.new_ones(*mask.shape[:-1], self.length)  # the positions so far were all real
-            self.key_mask = torch.cat([earlier, mask], dim=-1)
-        else:
-            self.key_mask = torch.cat([self.key_mask, mask], dim=-1)
-        return self.key_mask
-
-    @property
-    def length(self) -> int:
-        return self.self_attn[0].length if self.self_attn else 0
 
     def reorder(self, indices: Tensor, cross: bool = True) -> EngineCache:
         """Row b becomes row ``indices[b]``. ``cross=False`` leaves the encoder-decoder K/V and

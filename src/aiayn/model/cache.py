@@ -60,9 +60,11 @@ class KVCache:
     updated there; modules never keep it.
     """
 
+    layer_cache = LayerCache  # each sublayer's K/V (the engine's cache keeps another layout)
+
     def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
-        self.self_attn = [LayerCache() for _ in range(num_layers)]
-        self.cross_attn = [LayerCache() for _ in range(num_layers)] if cross else None
+        self.self_attn = [self.layer_cache() for _ in range(num_layers)]
+        self.cross_attn = [self.layer_cache() for _ in range(num_layers)] if cross else None
         self.memory_mask = memory_mask
         self.key_mask: Tensor | None = None
 
