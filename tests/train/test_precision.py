@@ -2,6 +2,7 @@
 trace, a bfloat16 step against float32, an autocast context reused step after step, and the
 copy task learned under bfloat16 where the CPU runs it natively."""
 
+import contextlib
 import time
 
 import pytest
@@ -263,3 +264,22 @@ def test_bf16_trains_the_copy_task_to_full_exact_match():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert losses[-1] < losses[0] / 4
     assert accuracy == 1.0
+
+
+def test_cuda_bf16_leaves_out_cudnn_attention_and_is_reusable():
+    """On CUDA the bf16 context autocasts and keeps SDPA off cuDNN's kernel (a plan per new shape:
+    precision.py), restoring torch's choice on exit, at every step it is entered."""
+    import warnings
+
+    context = Precision("bf16", "test").autocast(torch.device("cuda"))
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a CPU-only torch warns that CUDA autocast is off
+            with context:
+                assert not torch.backends.cuda.cudnn_sdp_enabled()
+                assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+                if torch.cuda.is_available():
+                    assert torch.is_autocast_enabled("cuda")
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert isinstance(Precision("fp32", "test").autocast(torch.device("cuda")), contextlib.nullcontext)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["Precision", "MIN_GAIN", "native_bf16", "choose_precision", "time_passes"]
 
@@ -47,10 +48,30 @@ class Precision:
         return self.name == "bf16"
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """The context the forward pass runs in."""
+        """The context the forward pass runs in (reusable: entered at every step)."""
+        if self.bf16 and device.type == "cuda":
+            return _CudaBf16()
         if self.bf16:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+
+class _CudaBf16:
+    """bfloat16 autocast on CUDA, with attention on the flash, memory-efficient or math kernels
+    of ``F.scaled_dot_product_attention`` but not cuDNN's. cuDNN's kernel (torch's first choice
+    for bf16 on an H100/H200) builds a plan for each new shape: token batches of varied (B, T, S)
+    made a Ding-preset step take 404 ms on an H200 against 17 ms once every shape had been seen,
+    and 24 ms on the memory-efficient kernel (bench/gpu_profile.py, docs/benchmarks.md)."""
+
+    BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+    def __enter__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        self._stack.enter_context(sdpa_kernel(list(self.BACKENDS)))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(*exc)
 
 
 def native_bf16(device: torch.device) -> str | None:
