@@ -9,11 +9,12 @@ Two workloads, each decoded greedily and with beam 4:
   ``bench/decode_speed.py`` decodes them (``translate_ids``).
 
 Variants: the engine as configured (``EngineOptions()``), then one option off at a time:
-``kernels=False`` (torch's attention and argmax instead of the C++ kernels), ``gemm="mkl"``
-(MKL's products instead of oneDNN's packed ones, where the default takes oneDNN), ``refill=False``
-(batch after batch), and the paper's model unprepared (its modules on ``model/cache.py``: no
-engine at all). The gain of a piece is the time without it over the time with everything,
-median over rounds and round by round. Outputs are checked equal to the engine's (float32).
+``kernels=False`` (torch's attention and argmax instead of the C++ kernels), ``gemm="mkl"`` and
+``gemm="onednn"`` (every product MKL's, transposed at decoding steps, or every one oneDNN's,
+instead of ``auto``'s choice by CPU and weight size, where the default takes oneDNN for some),
+and the paper's model unprepared (its modules on ``model/cache.py``: no engine at all). The
+gain of a piece is the time without it over the time with everything, median over rounds and
+round by round. Outputs are checked equal to the engine's (float32).
 
     python bench/engine_ab.py --model runs/ding/model [--rounds 3] [--skip-base]
 """
@@ -35,7 +36,7 @@ VARIANTS = {
     "engine": EngineOptions(),
     "kernels off": EngineOptions(kernels=False),
     "mkl products": EngineOptions(gemm="mkl"),
-    "refill off": EngineOptions(refill=False),
+    "onednn products": EngineOptions(gemm="onednn"),
 }
 COLUMNS = [
     ("workload", "workload"), ("search", "search"), ("variant", "variant"), ("seconds", "seconds"),
@@ -46,7 +47,7 @@ COLUMNS = [
 def variants() -> dict[str, EngineOptions | None]:
     chosen: dict[str, EngineOptions | None] = dict(VARIANTS)
     if not EngineOptions().onednn:  # the default is MKL's already: no A/B
-        del chosen["mkl products"]
+        del chosen["mkl products"], chosen["onednn products"]
     chosen["paper model"] = None
     return chosen
 

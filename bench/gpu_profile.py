@@ -73,9 +73,7 @@ def base_profiles(out: dict, quick: bool) -> None:
         cuda_total = sum(e.self_device_time_total for e in events) / 1000 if DEV.type == "cuda" else None
         cpu_total = sum(e.self_cpu_time_total for e in events) / 1000
         name = "bf16" if bf16 else "fp32"
-        print(
-            f"\n==== base step {name}: {ms:.1f} ms/step; profiled: GPU {cuda_total} ms, CPU self {cpu_total:.1f} ms"
-        )
+        print(f"\n==== base step {name}: {ms:.1f} ms/step; profiled: GPU {cuda_total} ms, CPU self {cpu_total:.1f} ms")
         print(table)
         out[f"base_{name}"] = {
             "ms_per_step": round(ms, 2),

@@ -1,7 +1,6 @@
 """Greedy and beam search (§6.1) against independent truths: recomputation without the cache,
 one sentence at a time, and a brute-force search over every output of a toy model."""
 
-import functools
 import itertools
 import math
 
@@ -11,7 +10,6 @@ import torch.nn.functional as F
 
 from aiayn import decode, engine
 from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_ids
-from aiayn.engine import EngineOptions
 from aiayn.engine.step import Decoding
 from aiayn.model import ModelConfig, Transformer
 from helpers import randomize_
@@ -56,9 +54,9 @@ def _trim(row: list[int]) -> list[int]:
     return row[: row.index(EOS)] if EOS in row else row
 
 
-def _prepared(model: Transformer, refill: bool = True) -> Transformer:
-    """The model on the engine, where ``translate_ids`` refills its batches (or not)."""
-    return engine.prepare(model, options=EngineOptions(refill=refill))
+def _prepared(model: Transformer) -> Transformer:
+    """The model on the engine (``engine.prepare``)."""
+    return engine.prepare(model)
 
 
 def _spy_steps(monkeypatch, record) -> None:
@@ -289,12 +287,11 @@ def test_translate_ids_keeps_input_order_across_batches():
     assert translate_ids(model, sources, max_tokens=10) == greedy
 
 
-@pytest.mark.parametrize("refill", [True, False])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_a_sentence_longer_than_max_tokens_gets_a_batch_of_its_own(monkeypatch, refill, beam):
+def test_a_sentence_longer_than_max_tokens_gets_a_batch_of_its_own(monkeypatch, beam):
     """The other sentences' batches keep to ``max_tokens`` (source positions times the beam);
     every output is the sentence's own."""
-    model = _prepared(_ending_model(), refill)
+    model = _prepared(_ending_model())
     lengths = [3, 20, 2, 3, 1, 2, 3, 2]
     src = _sources(lengths)
     sources = [src[i, :n].tolist() for i, n in enumerate(lengths)]
@@ -369,7 +366,8 @@ def test_banned_tokens_are_exactly_those_that_would_repeat_an_ngram():
 
 
 def test_banned_tokens_for_rows_of_different_lengths_are_those_of_each_row_alone():
-    """Refilled batches hold rows of different lengths, right-aligned after -1s (``_histories``):
+    """Greedy batches hold rows of different lengths (ended rows stay until they leave together),
+    right-aligned after -1s (``_histories``):
     each row's bans must be those of its own tokens by brute force, the -1s never banned nor
     matched (a row with no tokens yet bans nothing); where scores already ruled out (EOS before
     min_len) and the bans would leave a row nothing, the row stays as it was."""
@@ -402,9 +400,10 @@ def test_banned_tokens_for_rows_of_different_lengths_are_those_of_each_row_alone
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_refilled_batches_keep_the_no_repeat_ngram_rule_of_each_sentence_alone(monkeypatch, n):
-    """With ``no_repeat_ngram_size`` the refilled searches (rows joining at different steps, so
-    histories of different lengths) give each sentence what it gets decoded alone with the rule."""
+def test_batched_translation_keeps_the_no_repeat_ngram_rule_of_each_sentence_alone(n):
+    """With ``no_repeat_ngram_size`` the batched searches on the engine (greedy rows ending at
+    different steps, so histories of different lengths) give each sentence what it gets decoded
+    alone with the rule."""
     model = _model(seed=3, max_len=64)
     g = torch.Generator().manual_seed(12)
     sources = [torch.randint(5, 16, (int(k),), generator=g).tolist() for k in torch.randint(1, 12, (30,), generator=g)]
@@ -414,16 +413,10 @@ def test_refilled_batches_keep_the_no_repeat_ngram_rule_of_each_sentence_alone(m
     assert sum(a != b for a, b in zip(greedy, plain, strict=True)) >= 5  # the rule changes many outputs
     assert len({len(x) for x in greedy}) > 4  # sentences end at many different steps
     beams = [beam_search(model, src, beam=3, nbest=2, max_len_a=6, no_repeat_ngram_size=n)[0] for src in one]
-    joins = []
-    real = Decoding.add
-    monkeypatch.setattr(Decoding, "add", lambda self, src: joins.append(1) or real(self, src))
     prepared = _prepared(model)
     assert translate_ids(prepared, sources, max_tokens=40, max_len_a=6, no_repeat_ngram_size=n) == greedy
-    assert joins  # sentences joined while others decoded
-    joins.clear()
-    refilled = translate_ids(prepared, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
-    assert joins
-    for got, want in zip(refilled, beams, strict=True):
+    batched = translate_ids(prepared, sources, beam=3, nbest=2, max_tokens=60, max_len_a=6, no_repeat_ngram_size=n)
+    for got, want in zip(batched, beams, strict=True):
         assert [h.tokens for h in got] == [h.tokens for h in want]
         assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
     with pytest.raises(ValueError, match="no_repeat_ngram_size must be >= 0"):
@@ -444,10 +437,9 @@ def test_no_repeat_ngram_yields_where_min_len_leaves_no_other_token():
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(monkeypatch, positional):
-    """``translate_ids`` decodes greedily with new sentences joining the cache as others end
-    (the scheduler of ``_search``): each output must be what ``greedy_decode`` gives the sentence alone,
-    and the cache must not grow with the number of sentences."""
+def test_translating_in_batches_on_the_engine_equals_greedy_alone(monkeypatch, positional):
+    """``translate_ids`` on the engine decodes batches of sentences ending at different steps:
+    each output must be what ``greedy_decode`` gives the sentence alone on the paper's model."""
     model = _model(seed=1, positional=positional, max_len=64)
     g = torch.Generator().manual_seed(9)
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (60,), generator=g)]
@@ -456,75 +448,31 @@ def test_translating_with_new_sentences_refilling_the_batch_equals_greedy_alone(
         row = greedy_decode(model, torch.tensor([[*ids, EOS]]), max_len_a=6)[0].tolist()
         alone.append(_trim(row))
     assert len({len(x) for x in alone}) > 4  # sentences end at many different steps
-    lengths, rows = [], []
-    _spy_steps(monkeypatch, lambda state, tokens: lengths.append(state.cache.length) or rows.append(tokens.size(0)))
-    refilled = translate_ids(_prepared(model), sources, max_tokens=40, max_len_a=6)  # batches of a few sentences
-    assert refilled == alone
-    assert max(lengths) <= 2 * (11 + 1 + 6)  # leading positions no row attends to are dropped
-    steps_refilled = len(rows)
-    rows.clear()
-    assert translate_ids(_prepared(model, refill=False), sources, max_tokens=40, max_len_a=6) == alone
-    assert steps_refilled < len(rows)  # batch after batch takes more steps for the same sentences
+    rows = []
+    _spy_steps(monkeypatch, lambda state, tokens: rows.append(tokens.size(0)))
+    assert translate_ids(_prepared(model), sources, max_tokens=40, max_len_a=6) == alone  # batches of a few
+    assert len(set(rows)) > 2  # ended rows left the batches as they went
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_beam_search_with_new_sentences_refilling_the_batch_equals_beam_search_alone(monkeypatch, positional):
+def test_beam_search_in_batches_on_the_engine_equals_beam_search_alone(positional):
     model = _model(seed=3, positional=positional, max_len=64)
     g = torch.Generator().manual_seed(10)
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (40,), generator=g)]
     alone = [beam_search(model, torch.tensor([[*ids, EOS]]), beam=3, nbest=2, max_len_a=6)[0] for ids in sources]
     assert len({len(h[0].tokens) for h in alone}) > 4  # sentences end at many different steps
-    rows = []
-    _spy_steps(monkeypatch, lambda state, tokens: rows.append(tokens.size(0)))
-    steps = {}
-    for refill in (True, False):
-        rows.clear()
-        refilled = translate_ids(_prepared(model, refill), sources, beam=3, nbest=2, max_tokens=60, max_len_a=6)
-        for got, want in zip(refilled, alone, strict=True):
-            assert [h.tokens for h in got] == [h.tokens for h in want]
-            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
-            assert [h.log_prob for h in got] == pytest.approx([h.log_prob for h in want], abs=1e-5)
-        steps[refill] = len(rows)
-    assert steps[True] < steps[False]  # refilled: fewer steps for the same sentences
+    batched = translate_ids(_prepared(model), sources, beam=3, nbest=2, max_tokens=60, max_len_a=6)
+    for got, want in zip(batched, alone, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+        assert [h.log_prob for h in got] == pytest.approx([h.log_prob for h in want], abs=1e-5)
     best = translate_ids(_prepared(model), sources, beam=3, max_tokens=60, max_len_a=6)  # nbest 1: the best tokens
     assert best == [h[0].tokens for h in alone]
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_a_long_sentence_waits_until_the_short_ones_have_ended(monkeypatch, beam):
-    """Refilling pads every row's source K/V to the longest source: a long sentence must not
-    join many short ones (its batch waits: ``_fits``), and the output stays that of each
-    sentence alone."""
-    model = _model(max_len=128)
-    g = torch.Generator().manual_seed(11)
-    sources = [torch.randint(5, 16, (n,), generator=g).tolist() for n in (3, 7, 5, 9, 2, 6, 4, 8, 3, 5)]
-    sources.append(torch.randint(5, 16, (50,), generator=g).tolist())
-    sizes = []
-    cross = lambda state: state.cache.cross_attn[0].k  # noqa: E731
-    _spy_steps(monkeypatch, lambda state, _: sizes.append(cross(state).size(0) * cross(state).size(2)))  # sentences x S
-    batches, budget = [list(range(10)), [10]], 60  # the short ones' batch, then the long one's
-    prepared = _prepared(model)
-    batches = [(torch.tensor(b), decode._source_tensor([sources[i] for i in b], model.config, "cpu")) for b in batches]
-    rules = decode._rules(model.config, 0, 0)
-    strategy = decode._Greedy() if beam == 1 else decode._Beam(3, 0.6, 2)
-    limits = functools.partial(decode._limits, model, max_len_a=10)
-    found = dict(decode._search(prepared, batches, strategy, rules, limits, refill=True, budget=budget))
-    if beam == 1:
-        got = found
-        want = [_trim(greedy_decode(model, torch.tensor([[*s, EOS]]), max_len_a=10)[0].tolist()) for s in sources]
-    else:
-        got = {i: [h.tokens for h in hyps] for i, hyps in found.items()}
-        want = [
-            [h.tokens for h in beam_search(model, torch.tensor([[*s, EOS]]), beam=3, nbest=2, max_len_a=10)[0]]
-            for s in sources
-        ]
-    assert max(sizes) <= 2 * budget  # without the rule: 255 greedy
-    assert [got[i] for i in range(len(sources))] == want
-
-
 def test_ended_rows_waiting_to_leave_stay_within_learned_positions():
-    """Ended greedy rows stay until a quarter of the rows have ended; while new sentences keep
-    the decoding going they must not walk past the learned positional table (max_len 20)."""
+    """Ended greedy rows stay until a quarter of the rows have ended; while the others go on
+    they must not walk past the learned positional table (max_len 20)."""
     model = _model(seed=1, positional="learned", max_len=20)
     g = torch.Generator().manual_seed(3)
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 18, (120,), generator=g)]
@@ -616,10 +564,10 @@ def test_wide_beam_with_a_suppressed_word_finds_the_best_sequence_without_it_by_
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_ids_with_refilled_batches_never_produces_a_suppressed_token(beam):
-    """``translate_ids`` (new sentences refilling the batch: the scheduler of ``_search``,
-    greedy and beam) gives each sentence what greedy or beam search gives it alone without
-    the word; the greedy outputs are the hand-made search's."""
+def test_translate_ids_in_batches_never_produces_a_suppressed_token(beam):
+    """``translate_ids`` (batches on the engine, greedy and beam) gives each sentence what
+    greedy or beam search gives it alone without the word; the greedy outputs are the
+    hand-made search's."""
     model = _model(seed=1, max_len=64)
     g = torch.Generator().manual_seed(9)
     sources = [torch.randint(5, 16, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (30,), generator=g)]

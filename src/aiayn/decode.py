@@ -154,12 +154,6 @@ class _Plain:
     def argmax(self, logits: Tensor) -> Tensor:
         return logits.argmax(dim=-1)
 
-    def drop_leading(self) -> None:  # rows all start together here: nothing to drop
-        pass
-
-    def freeze(self, rows: Tensor) -> None:  # ended rows keep their positions (none added later)
-        pass
-
 
 class _Recompute(_Plain):
     """As ``_Plain``, but recomputing each row's whole prefix at every step, without a cache (the
@@ -262,7 +256,7 @@ class _Greedy:
 
     K = 1
 
-    def join(self, sentences: Tensor) -> None:
+    def start(self, sentences: Tensor) -> None:
         pass
 
     def scores(self, logits: Tensor) -> Tensor:
@@ -315,10 +309,9 @@ class _Beam:
         self.log_p: Tensor | None = None  # (n, K): log P of each live beam
         self.finished: dict[int, list[Hypothesis]] = {}
 
-    def join(self, sentences: Tensor) -> None:
-        fresh = torch.full((sentences.numel(), self.K), -torch.inf, device=sentences.device)
-        fresh[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
-        self.log_p = fresh if self.log_p is None else torch.cat([self.log_p, fresh])
+    def start(self, sentences: Tensor) -> None:
+        self.log_p = torch.full((sentences.numel(), self.K), -torch.inf, device=sentences.device)
+        self.log_p[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
         self.finished.update((i, []) for i in sentences.tolist())
 
     def scores(self, logits: Tensor) -> Tensor:
@@ -354,7 +347,7 @@ class _Beam:
         return token[going].view(-1), parents, going, results
 
 
-# The search loop (§6.1), with a scheduler that refills the batch --------------------------------
+# The search loop (§6.1) -----------------------------------------------------------------------
 
 
 @dataclass
@@ -374,14 +367,13 @@ class _Rows:
         self.sentence, self.limit, self.steps = self.sentence[keep], self.limit[keep], self.steps[keep]
         self.done, self.out = self.done[keep], self.out[parents]
 
-    def join(self, sentences: Tensor, limit: Tensor, K: int, bos_id: int, pad_id: int) -> None:
-        n2 = sentences.numel()
-        self.sentence, self.limit = torch.cat([self.sentence, sentences]), torch.cat([self.limit, limit])
-        self.steps = torch.cat([self.steps, self.steps.new_zeros(n2)])
-        self.done = torch.cat([self.done, self.done.new_zeros(n2)])
-        self.last = torch.cat([self.last, self.last.new_full((n2 * K,), bos_id)])
-        out = F.pad(self.out, (0, max(int(self.limit.max()) - self.out.size(1), 0)), value=pad_id)
-        self.out = torch.cat([out, out.new_full((n2 * K, out.size(1)), pad_id)])
+    @classmethod
+    def start(cls, sentences: Tensor, limit: Tensor, K: int, config: ModelConfig) -> _Rows:
+        """The rows of ``sentences`` ``(n,)`` with output limits ``limit`` ``(n,)``, K each, at BOS."""
+        n = sentences.numel()
+        out = sentences.new_full((n * K, int(limit.max())), config.pad_id)
+        last = sentences.new_full((n * K,), config.bos_id)
+        return cls(sentences, limit, limit.new_zeros(n), limit.new_zeros(n, dtype=torch.bool), last, out, config.eos_id)
 
 
 @torch.no_grad()
@@ -392,8 +384,6 @@ def _search(
     rules: list,
     limits: Callable[[Tensor], Tensor],
     use_cache: bool = True,
-    refill: bool = False,
-    budget: int = 0,
 ) -> Iterator[tuple[int, Any]]:
     """Run ``strategy`` over ``batches`` of ``(sentence indices (B,), padded sources (B, S))``
     (for a decoder-only model: prompts), each with output limits ``limits(src)`` ``(B,)``,
@@ -403,36 +393,20 @@ def _search(
     One step: the decoder's next-token logits for every row (``_decoding``: the engine's state for
     a prepared model, the model's own cache otherwise), the strategy's scores (logits, or
     log-probabilities), the ``rules``, then the strategy's choice of tokens and of the rows that go
-    on; the cache follows the rows (``reorder``). Batch after batch, or, with ``refill`` (a
-    prepared model), a scheduler: once half of the sentences decoding have ended, the next
-    batch joins at position 0 while the others go on (``Decoding.add``), as long as the
-    sentences decoding together hold at most ``2 budget`` source positions padded to the longest
-    (a long sentence waits until short ones have ended). Not in the paper: batch by batch, a
-    batch runs until its last sentence ends, and its last steps decode a few rows at the cost
-    of a full step's fixed work. With float weights each sentence's result is what it gets
-    decoded alone (tested on the CPU); int8 activations are scaled by the whole batch's range.
+    on; the cache follows the rows (``reorder``). Batch after batch: a batch runs until its last
+    sentence ends. With float weights each sentence's result is what it gets decoded alone
+    (tested on the CPU); int8 activations are scaled by the whole batch's range.
     """
     config, K = model.config, strategy.K
     pending = list(batches)
     state = rows = None
-    joined = 0  # sentences of the last batch taken in
     while True:
-        live = 0 if rows is None else rows.sentence.numel() - rows.n_done
-        if pending and (
-            state is None
-            or (refill and 2 * live <= joined and _fits(state, rows.sentence.numel(), pending[0][1], budget))
-        ):
+        if state is None:
             sentences, src = pending.pop(0)
             limit = limits(src)
-            if state is None:
-                state = _decoding(model, src, K, int(limit.max()), use_cache)
-                none = limit[:0]
-                rows = _Rows(none, none, none, none.bool(), none, src.new_zeros(0, 0), config.eos_id)
-            else:
-                state.add(src)
-            rows.join(sentences, limit, K, config.bos_id, config.pad_id)
-            strategy.join(sentences)
-            joined = sentences.numel()
+            state = _decoding(model, src, K, int(limit.max()), use_cache)
+            rows = _Rows.start(sentences, limit, K, config)
+            strategy.start(sentences)
         logits = state(rows.last).float()  # (R, V)
         steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
         limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
@@ -446,28 +420,18 @@ def _search(
         if parents is not None:
             if parents.numel() == 0:  # every sentence has ended
                 state = rows = None
-                joined = 0
                 if not pending:
                     return
                 continue
             state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
-            state.drop_leading()
             rows.select(keep, parents)
         # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
         rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
         rows.last = token
         if rows.n_done:  # greedy's ended rows, still in the batch
             rows.steps = rows.steps + (~rows.done).long()
-            state.freeze(rows.done)
         else:
             rows.steps = rows.steps + 1
-
-
-def _fits(state, sentences: int, src: Tensor, budget: int) -> bool:
-    """Whether the sources ``src`` ``(B, S)`` may join ``sentences`` sentences: the source
-    positions the encoder-decoder K/V then hold, padded to the longest source, stay within twice
-    a batch's ``budget``."""
-    return (sentences + src.size(0)) * max(state.cache.cross_attn[0].length, src.size(1)) <= 2 * budget
 
 
 @torch.no_grad()
@@ -581,12 +545,8 @@ def translate_ids(
     ``beam=1`` decodes greedily and returns token lists (EOS cut off); ``beam > 1`` runs beam
     search and returns token lists too, unless ``nbest > 1``, which returns each source's
     ``nbest`` hypotheses. A batch holds at most ``max_tokens`` source positions (times the
-    beam); a sentence longer than that gets a batch of its own. With a prepared model
-    (``aiayn.engine``), once half of a batch's sentences have ended, the next batch's join the
-    decoding (``EngineOptions.refill``; not with an attention window, which goes batch by batch),
-    as long as the sentences decoding together hold at most twice
-    ``max_tokens`` source positions, padded to the longest; with float weights the results are
-    those of decoding each sentence alone either way.
+    beam); a sentence longer than that gets a batch of its own. With float weights the results
+    are those of decoding each sentence alone.
     ``progress``: True shows a progress bar; a tqdm bar of the caller's is advanced instead
     (by the sentences that end) and left open. ``no_repeat_ngram_size``: as for
     ``greedy_decode``.
@@ -619,10 +579,8 @@ def translate_ids(
         from .progress import progress_bar
 
         bar = progress_bar(total=len(sources), desc="translate", unit="sent")
-    # refilled with a prepared model (EngineOptions.refill), not with an attention window
-    refill = is_prepared(model) and model.engine.refill and config.attention_window is None
     limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=None)
-    for i, result in _search(model, batches, strategy, rules, limits, refill=refill, budget=budget):
+    for i, result in _search(model, batches, strategy, rules, limits):
         results[i] = result if greedy or nbest > 1 else result[0].tokens
         if bar is not None:
             bar.update(1)

@@ -54,21 +54,6 @@ def test_beams_reorder_and_drop_equal_the_replicated_batch(variant):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_rows_added_while_others_decode_equal_decoding_them_alone():
-    """``Decoding.add``: new sentences join at position 0 while the first ones are at step 4."""
-    model = random_model(vocab_size=V, norm_first=True)
-    prepared, src = engine.prepare(model), padded_source()
-    g = torch.Generator().manual_seed(4)
-    first, later = torch.randint(3, V, (2, 7), generator=g), torch.randint(3, V, (1, 3), generator=g)
-    with torch.no_grad():
-        state = Decoding(prepared, src[:2], beam=1, steps=8)
-        feed(state, first[:, :4])
-        state.add(src[2:])
-        got = feed(state, torch.cat([first[:, 4:], later]))  # (3, 3, V)
-        torch.testing.assert_close(got[:2], model(src[:2], first)[:, 4:], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got[2:], model(src[2:], later), atol=1e-5, rtol=1e-5)
-
-
 def test_expand_rejects_a_group_below_one_and_a_batch_that_does_not_fill_the_groups():
     prepared = engine.prepare(random_model(vocab_size=V))
     with torch.no_grad():

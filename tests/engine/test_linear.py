@@ -53,6 +53,17 @@ def test_step_product_equals_f_linear(rows, relu, onednn):
         torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-5)
 
 
+def test_untransposed_step_product_is_row_major():
+    """``transposed=False`` (``auto`` on AVX-512): MKL's x Wᵀ, a contiguous result, same values."""
+    linear = torch.nn.Linear(16, 24)
+    packed = PackedLinear(linear.weight, linear.bias, onednn=False, transposed=False)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        y = packed.step(x)
+        assert y.is_contiguous()
+        torch.testing.assert_close(y, F.linear(x, linear.weight, linear.bias), rtol=1e-6, atol=1e-5)
+
+
 def test_views_of_a_fused_weight(onednn):
     """The query rows of a fused in-projection (a view at an offset) serve as a layer's weight."""
     torch.manual_seed(2)

@@ -101,17 +101,20 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
     if quantize == "int8":
         quantize_dynamic_int8(prepared)
     else:
-        _pack(prepared, options.onednn)
+        _pack(prepared, options)
     if prepared.output_projection is not None:
         prepared.engine_projection = prepared.output_projection
     prepared.engine = options
     return prepared
 
 
-def _pack(module: nn.Module, onednn: bool) -> None:
-    """Replace every ``nn.Linear`` under ``module`` with a ``PackedLinear`` on the same tensors."""
+def _pack(module: nn.Module, options: EngineOptions) -> None:
+    """Replace every ``nn.Linear`` under ``module`` with a ``PackedLinear`` on the same tensors,
+    on oneDNN's packed weights where ``options.onednn_for`` its shape, MKL's transposed products
+    at decoding steps where ``options.transposed``."""
     for name, child in module.named_children():
         if type(child) is nn.Linear:
-            setattr(module, name, PackedLinear.of(child, onednn))
+            onednn = options.onednn_for(child.in_features, child.out_features)
+            setattr(module, name, PackedLinear.of(child, onednn, options.transposed))
         else:
-            _pack(child, onednn)
+            _pack(child, options)

@@ -8,10 +8,7 @@ H heads, L cached positions, S source length, D_k / D_v per-head sizes.
 Beyond ``aiayn.model.cache.KVCache``:
 - keys and values stored position-major in buffers reserved for the longest output (``reserve``),
   so that appending a step and gathering rows by beam parent each copy one block per row;
-- grouped encoder-decoder K/V (``expand``): the K beams of a sentence share its one row;
-- rows added while others decode (``add_rows``), each at its own position (``positions``), and
-  leading positions no row attends to any more dropped (``drop_leading``): the refilling
-  scheduler of ``aiayn.decode.translate_ids``.
+- grouped encoder-decoder K/V (``expand``): the K beams of a sentence share its one row.
 """
 
 from __future__ import annotations
@@ -76,35 +73,6 @@ class AttentionCache:
         self.length = end
         return self.k, self.v
 
-    def add_rows(self, other: AttentionCache, rows: int) -> None:
-        """Append ``rows`` rows, ``other``'s, after this cache's. Self-attention: the new rows
-        get zeros at this cache's positions so far (the caller masks them) and must hold none of
-        their own. Encoder-decoder (static): both are padded with zeros to the longer source."""
-        if self.static != other.static:
-            raise ValueError("cannot join a self-attention cache and an encoder-decoder one")
-        if not self.static and other.length:
-            raise ValueError("rows joining a self-attention cache must not hold positions yet")
-        if self._k is None:
-            return
-        B, B2 = self._k.size(0), rows
-        S = max(self.length, other.length) if self.static else self._k.size(1)
-        k, v = self._k.new_zeros(B + B2, S, *self._k.shape[2:]), self._v.new_zeros(B + B2, S, *self._v.shape[2:])
-        k[:B, : self.length], v[:B, : self.length] = self._k[:, : self.length], self._v[:, : self.length]
-        if self.static:
-            k[B:, : other.length], v[B:, : other.length] = other._k, other._v
-            self.length = S
-        self._k, self._v, self._spare = k, v, None
-
-    @property
-    def rows(self) -> int:
-        return 0 if self._k is None else self._k.size(0)
-
-    def drop_leading(self, n: int) -> None:
-        """Forget the first ``n`` positions (masked in every row): views, no copy."""
-        if n and self._k is not None:
-            self._k, self._v, self._spare = self._k[:, n:], self._v[:, n:], None
-            self.length -= n
-
     def reorder(self, indices: Tensor) -> None:
         """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
         if self._k is None:
@@ -137,9 +105,6 @@ class EngineCache(KVCache):
         the next step).
         ``group``: how many consecutive decoder rows share one row of the encoder-decoder K/V
         and memory mask (the beams of one sentence: ``expand(K)``); 1 otherwise.
-        ``positions``: None while every row's next token is at position ``length``; with rows
-        that joined later (``add_rows``: translation taking in new sentences as others end)
-        the position of each row's next token ``(B,)``, its earlier cached positions masked.
 
     The engine's decoding step (``step.py``) reads and extends it; modules never keep it. ``reorder(indices)``
     gathers every layer's rows by parent, for beam search. ``expand(K)`` turns each row into K
@@ -148,10 +113,6 @@ class EngineCache(KVCache):
     """
 
     layer_cache = AttentionCache
-
-    def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
-        super().__init__(num_layers, cross, memory_mask)
-        self.positions: Tensor | None = None
 
     @property
     def group(self) -> int:
@@ -185,50 +146,6 @@ class EngineCache(KVCache):
             layer_cache.reorder(indices)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, indices)
-        if self.positions is not None:
-            self.positions = self.positions.index_select(0, indices)
-
-    def add_rows(self, other: EngineCache) -> EngineCache:
-        """Append the rows of ``other``, a fresh cache of new sources (``Decoding._start``:
-        expanded like this one, no step taken yet), after this one's: decoding goes on for the
-        rows this cache has while the new ones start at position 0, with the positions cached
-        so far masked for them. The encoder-decoder K/V and memory masks are padded to the
-        longer source."""
-        if other.length or self.group != other.group or not self.cross_attn or not other.cross_attn:
-            raise ValueError("add_rows joins encoder-decoder caches of the same group, the other one fresh")
-        first, new, G = self.cross_attn[0], other.cross_attn[0], self.group
-        n, n2, L, S, S2 = first.rows, new.rows, self.length, first.length, new.length
-        B, B2 = n * G, n2 * G  # decoder rows: G beams per sentence
-        device = first.k.device
-        for layer_cache, joining in zip(self.self_attn, other.self_attn, strict=True):
-            layer_cache.add_rows(joining, B2)
-        for layer_cache, joining in zip(self.cross_attn, other.cross_attn, strict=True):
-            layer_cache.add_rows(joining, n2)
-        mask = torch.zeros(n + n2, 1, 1, max(S, S2), dtype=torch.bool, device=device)  # one row per sentence
-        mask[:n, ..., :S] = True if self.memory_mask is None else self.memory_mask
-        mask[n:, ..., :S2] = True if other.memory_mask is None else other.memory_mask
-        self.memory_mask = mask
-        if L:
-            earlier = (
-                self.key_mask if self.key_mask is not None else torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
-            )
-            self.key_mask = torch.cat([earlier, earlier.new_zeros(B2, 1, 1, L)])
-        positions = self.positions if self.positions is not None else torch.full((B,), L, device=device)
-        self.positions = torch.cat([positions, positions.new_zeros(B2)])
-        return self
-
-    def drop_leading(self) -> None:
-        """Forget the leading cached positions that no row attends to any more (those before
-        the oldest remaining row's first), so that rows joining later do not make the cache
-        grow without end."""
-        if self.key_mask is None:
-            return
-        real = self.key_mask.reshape(-1, self.key_mask.size(-1)).any(0)  # (length,)
-        n = int(real.nonzero()[0]) if bool(real.any()) else real.numel()
-        if n:
-            for layer_cache in self.self_attn:
-                layer_cache.drop_leading(n)
-            self.key_mask = self.key_mask[..., n:]
 
     def reorder(self, indices: Tensor, cross: bool = True) -> EngineCache:
         """Row b becomes row ``indices[b]``. ``cross=False`` leaves the encoder-decoder K/V and

@@ -5,15 +5,19 @@ Legend: R rows (every dimension of x but the last), d_in, d_out the sizes of W `
 
 Two measured paths, chosen by ``EngineOptions.gemm`` when the model is prepared:
 - **oneDNN on packed weights** (``"onednn"``; ``"auto"`` on a CPU where torch runs AVX-512
-  kernels): a copy of W in oneDNN's blocked layout, made once in ``PackedLinear.__init__``. On an
-  AMD Zen 4 it ran 1.2-2.2x MKL's better orientation at every row count measured (1 to 1,730
-  rows); on AVX2 (a Zen 3) it was level with MKL over a decoding step. It holds a second copy of
-  the weights (4 bytes per parameter).
-- **MKL, transposed for a few rows** (``"mkl"``): at a decoding step each projection sees one
-  row per sentence (or beam), a short, wide product, and MKL's sgemm was mostly faster asked for
-  W xᵀ, ``(d_out, R)``, than for x Wᵀ: 1.1-2.8x at 2-128 rows for most base shapes (2-core AMD
-  EPYC). The result is the transposed view of that product; only the flat decoding step
-  (``step.py``) takes it, as it merges dimensions with ``reshape``.
+  kernels, for weights of at least ``ONEDNN_MIN_WEIGHT`` elements): a copy of W in oneDNN's
+  blocked layout, made once in ``PackedLinear.__init__``. On an AMD Zen 4 it ran 1.2-2.2x MKL's
+  better orientation at every row count measured (1 to 1,730 rows, base shapes); on a Xeon with
+  AMX it won on weights from 512x512 up and lost on d_model 128's smaller ones; on AVX2 (a Zen 3)
+  it was level with MKL over a decoding step. It holds a second copy of the weights (4 bytes per
+  parameter).
+- **MKL, transposed for a few rows** (``"mkl"``; ``"auto"`` on a CPU without AVX-512): at a
+  decoding step each projection sees one row per sentence (or beam), a short, wide product, and
+  MKL's sgemm was mostly faster asked for W xᵀ, ``(d_out, R)``, than for x Wᵀ: 1.1-2.8x at 2-128
+  rows for most base shapes on an AMD Zen 3 (1.15x greedy end to end); on the Xeon with AMX it
+  lost end to end (0.96-0.98x), so ``"auto"`` there asks MKL for x Wᵀ. The result is the
+  transposed view of that product; only the flat decoding step (``step.py``) takes it, as it
+  merges dimensions with ``reshape``.
 
 Both serve float32 on the CPU with autograd and autocast off; anything else is ``F.linear``.
 A prepared model is for inference: the packed copy does not follow later changes to W.
@@ -56,16 +60,16 @@ class PackedLinear(nn.Module):
     contiguous tensor; ``step`` is the flat decoding step's product (possibly a transposed view).
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool, transposed: bool = True) -> None:
         super().__init__()
-        self.weight, self.bias = weight, bias
+        self.weight, self.bias, self.transposed = weight, bias, transposed
         self.in_features, self.out_features = weight.size(1), weight.size(0)
         packable = onednn and weight.dtype == torch.float32 and weight.device.type == "cpu"
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if packable else None
 
     @classmethod
-    def of(cls, linear: nn.Linear, onednn: bool) -> PackedLinear:
-        return cls(linear.weight, linear.bias, onednn)
+    def of(cls, linear: nn.Linear, onednn: bool, transposed: bool = True) -> PackedLinear:
+        return cls(linear.weight, linear.bias, onednn, transposed)
 
     def forward(self, x: Tensor) -> Tensor:
         """y = x Wᵀ + b. Shape: ``(..., d_in) -> (..., d_out)``."""
@@ -75,12 +79,13 @@ class PackedLinear(nn.Module):
 
     def step(self, x2: Tensor, relu: bool = False) -> Tensor:
         """max(0, x Wᵀ + b) if ``relu`` else x Wᵀ + b, for the flat decoding step: ``(R, d_in) ->
-        (R, d_out)``; on MKL's path for at most ``SMALL_ROWS`` rows, a transposed view."""
+        (R, d_out)``; on MKL's path for at most ``SMALL_ROWS`` rows, with ``transposed``, a
+        transposed view."""
         if x2.numel() and _plain(x2):
             if self.packed is not None:  # oneDNN applies max(0, ·) inside the same product (§3.3)
                 attr = "relu" if relu else "none"
                 return torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, attr, [], "")
-            if x2.size(0) <= SMALL_ROWS:
+            if self.transposed and x2.size(0) <= SMALL_ROWS:
                 y = transposed(x2, self.weight, self.bias)
                 return y.relu_() if relu else y
         y = F.linear(x2, self.weight, self.bias)

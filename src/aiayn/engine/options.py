@@ -8,7 +8,6 @@ may set into it (``from_environ``):
 |---|---|---|
 | ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention and argmax kernels (``kernels.py``) |
 | ``gemm`` | ``AIAYN_CPU_GEMM=auto|onednn|mkl`` | how float32 CPU products run (``linear.py``) |
-| ``refill`` | ``AIAYN_REFILL=0`` turns off | new sentences take ended ones' places (``decode.translate_ids``) |
 """
 
 from __future__ import annotations
@@ -20,9 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EngineOptions", "GEMMS"]
+__all__ = ["EngineOptions", "GEMMS", "ONEDNN_MIN_WEIGHT"]
 
 GEMMS = ("auto", "onednn", "mkl")
+
+# ``auto`` packs a weight for oneDNN from this many elements (d_in * d_out) up. oneDNN's call
+# costs ~10-20 us more than MKL's: on the 2-core Xeon with AMX it lost (0.58-0.93x MKL's
+# product) on d_model 128's 128x128, 128x384 and 128x512 weights at 8-128 rows, and won (1.03-1.48x)
+# on every weight from 512x512 (2^18) up, 128x8000 included (docs/benchmarks.md)
+ONEDNN_MIN_WEIGHT = 2**18
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,7 @@ class EngineOptions:
     """How a prepared model runs. The defaults are the fastest measured (docs/benchmarks.md)."""
 
     kernels: bool = True  # C++ attention for decoding steps and greedy's argmax (CPU, float32)
-    gemm: str = "auto"  # float32 CPU products: oneDNN on packed weights, MKL, or auto (oneDNN on AVX-512)
-    refill: bool = True  # translate_ids refills its batches as sentences end
+    gemm: str = "auto"  # float32 CPU products: oneDNN on packed weights, MKL, or auto (onednn_for)
 
     def __post_init__(self) -> None:
         if self.gemm not in GEMMS:
@@ -39,13 +43,29 @@ class EngineOptions:
 
     @property
     def onednn(self) -> bool:
-        """Whether float32 CPU products run on packed oneDNN weights: ``gemm="onednn"``, or
-        ``"auto"`` where torch runs AVX-512 kernels (on AVX2 it was level with MKL)."""
+        """Whether any float32 CPU product may run on packed oneDNN weights: ``gemm="onednn"``,
+        or ``"auto"`` where torch runs AVX-512 kernels (on AVX2 it was level with MKL)."""
         if not torch.backends.mkldnn.is_available():
             return False
         if self.gemm == "auto":
             return torch.backends.cpu.get_cpu_capability() == "AVX512"
         return self.gemm == "onednn"
+
+    @property
+    def transposed(self) -> bool:
+        """Whether MKL's products at a decoding step come transposed (W xᵀ for at most
+        ``linear.SMALL_ROWS`` rows): under ``"mkl"``, and under ``"auto"`` on a CPU without
+        AVX-512 (a Zen 3: 1.15x greedy end to end; the Xeon with AMX: 0.96-0.98x)."""
+        if self.gemm == "auto":
+            return torch.backends.cpu.get_cpu_capability() != "AVX512"
+        return self.gemm == "mkl"
+
+    def onednn_for(self, d_in: int, d_out: int) -> bool:
+        """Whether a ``(d_out, d_in)`` weight is packed for oneDNN: always under ``"onednn"``;
+        under ``"auto"`` where ``onednn`` holds and the weight has ``ONEDNN_MIN_WEIGHT`` elements."""
+        if self.gemm == "auto":
+            return self.onednn and d_in * d_out >= ONEDNN_MIN_WEIGHT
+        return self.onednn
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> EngineOptions:
@@ -59,5 +79,4 @@ class EngineOptions:
         return cls(
             kernels=env.get("AIAYN_CPU_KERNELS", "1") != "0",
             gemm=gemm,
-            refill=env.get("AIAYN_REFILL", "1") != "0",
         )

@@ -44,19 +44,14 @@ class Decoding:
     ``Decoding(model, src, beam, steps)`` encodes ``src`` ``(B, S)`` and sets up ``beam`` rows
     per sentence (sharing its encoder-decoder K/V), with room for ``steps`` positions;
     ``decoding(tokens)`` takes each row's next input token ``(R,)`` and returns the next-token
-    logits ``(R, V)``; ``reorder`` gathers rows (beam parents, or the rows still decoding);
-    ``add(src)`` brings in new sentences at position 0 while the others go on (the refilling
-    scheduler of ``aiayn.decode``).
+    logits ``(R, V)``; ``reorder`` gathers rows (beam parents, or the rows still decoding).
     """
 
     def __init__(self, model: Transformer, src: Tensor, beam: int = 1, steps: int = 0) -> None:
         self.model, self.beam = model, beam
         self.options: EngineOptions = model.engine
         self.cache = self._start(src).reserve(steps)
-        # per kind of attention, decided at the first step: rows added later can take a cross
-        # attention past kernels.MAX_SCORES, where the kernel still ran ~5% faster for beam 4 on
-        # the Ding test split (Xeon) than re-deciding at each step
-        self._kernel: dict[str, bool] = {}
+        self._kernel: dict[str, bool] = {}  # per kind of attention, decided at the first step
 
     def _start(self, src: Tensor) -> EngineCache:
         """Encode ``src`` and compute every layer's encoder-decoder K/V once (``init_cache``), in the
@@ -68,24 +63,10 @@ class Decoding:
             layer_cache.set(computed.k, computed.v)
         return cache.expand(self.beam)
 
-    def add(self, src: Tensor) -> None:
-        """New sentences join: ``beam`` rows each after the current ones, starting at position 0."""
-        self.cache.add_rows(self._start(src))
-
     def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
         """Row r becomes row ``rows[r]``; ``sentences_changed=False`` when every row stays within
         its sentence's beams (the encoder-decoder K/V need no gathering)."""
         self.cache.reorder(rows, cross=sentences_changed)
-
-    def drop_leading(self) -> None:
-        """Forget the leading cached positions no row attends to any more (rows added later)."""
-        self.cache.drop_leading()
-
-    def freeze(self, rows: Tensor) -> None:
-        """Ended rows ``(R,)`` (True) that stay in the batch a while wait at position 0, so that they
-        never walk past a learned positional table while rows added later keep the decoding going."""
-        if self.cache.positions is not None:
-            self.cache.positions.masked_fill_(rows, 0)
 
     def argmax(self, logits: Tensor) -> Tensor:
         """``logits.argmax(-1)`` ``(R, V) -> (R,)``, by the kernel where it serves."""
@@ -98,13 +79,10 @@ class Decoding:
         model, cache, config = self.model, self.cache, self.model.config
         B = tokens.size(0)
         self_mask = cache.extend_key_mask((tokens != config.pad_id)[:, None, None, None])  # (B, 1, 1, L + 1) or None
-        if cache.positions is not None:  # rows at different steps (rows added): one position each
-            offset, cache.positions = cache.positions, cache.positions + 1
-        else:
-            offset = cache.length
-            if config.attention_window is not None:
-                window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
-                self_mask = window if self_mask is None else self_mask & window
+        offset = cache.length
+        if config.attention_window is not None:
+            window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
+            self_mask = window if self_mask is None else self_mask & window
         x = model.tgt_positional(model.tgt_embedding(tokens[:, None]), offset).reshape(B, -1)  # (B, d_model)
         for i, layer in enumerate(model.decoder.layers):
             norm = layer.self_attn_norm
