@@ -151,9 +151,6 @@ class _Plain:
     def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
         self.cache.reorder(rows)
 
-    def argmax(self, logits: Tensor) -> Tensor:
-        return logits.argmax(dim=-1)
-
 
 class _Recompute(_Plain):
     """As ``_Plain``, but recomputing each row's whole prefix at every step, without a cache (the
@@ -262,13 +259,13 @@ class _Greedy:
     def scores(self, logits: Tensor) -> Tensor:
         return logits  # the argmax needs no softmax
 
-    def pick(self, scores: Tensor, state) -> Tensor:
-        return state.argmax(scores)  # (R,)
+    def pick(self, scores: Tensor) -> Tensor:
+        return scores.argmax(dim=-1)  # (R,)
 
-    def step(self, scores: Tensor, rows: _Rows, state) -> tuple[Tensor, Tensor | None, Tensor | None, list]:
+    def step(self, scores: Tensor, rows: _Rows) -> tuple[Tensor, Tensor | None, Tensor | None, list]:
         """-> (next tokens of the rows kept, their parent rows and the sentences kept, or None and
         None for all in place, results ``(sentence index, tokens)`` of the sentences that ended)."""
-        token = self.pick(scores, state)  # (R,)
+        token = self.pick(scores)  # (R,)
         eos = token == rows.eos_id
         ended = (eos | (rows.steps + 1 >= rows.limit)) & ~rows.done  # (n,) with K = 1: rows are sentences
         results = []
@@ -294,7 +291,7 @@ class _Sample(_Greedy):
     def __init__(self, temperature: float, top_k: int | None, top_p: float | None, generator) -> None:
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
 
-    def pick(self, scores: Tensor, state) -> Tensor:
+    def pick(self, scores: Tensor) -> Tensor:
         return sample_next(scores, self.temperature, self.top_k, self.top_p, self.generator)  # (R,)
 
 
@@ -317,7 +314,7 @@ class _Beam:
     def scores(self, logits: Tensor) -> Tensor:
         return F.log_softmax(logits, dim=-1)
 
-    def step(self, scores: Tensor, rows: _Rows, state) -> tuple[Tensor, Tensor | None, Tensor, list]:
+    def step(self, scores: Tensor, rows: _Rows) -> tuple[Tensor, Tensor | None, Tensor, list]:
         K, n, V = self.K, rows.sentence.numel(), scores.size(-1)
         length = rows.steps + 1  # (n,) each sentence's output length after this step, EOS included
         candidates = (self.log_p.view(n * K, 1) + scores).view(n, K * V)
@@ -415,7 +412,7 @@ def _search(
         scores = strategy.scores(logits)
         for rule in rules:
             scores = rule(scores, step)
-        token, parents, keep, results = strategy.step(scores, rows, state)
+        token, parents, keep, results = strategy.step(scores, rows)
         yield from results
         if parents is not None:
             if parents.numel() == 0:  # every sentence has ended

@@ -1,5 +1,4 @@
-"""CPU kernels for decoding steps (not in the paper): attention (eq. 1) for a few queries, and
-the argmax of greedy search.
+"""A CPU kernel for decoding steps (not in the paper): attention (eq. 1) for a few queries.
 
 At a decoding step each row (sentence or beam) brings one new query per head, or a few when
 the beams of a sentence share its encoder-decoder keys and values (``KVCache.expand``).
@@ -9,17 +8,15 @@ base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C
 ``csrc/decode_kernels.cpp`` streams each row's keys and values once for all of its heads and
 queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
-Greedy search's argmax over a step's logits (64 x 8,000 at the base shape, a transposed view:
-``engine/linear.py``) took torch 0.6-1 ms; ``argmax`` scans them in memory order, ~0.1 ms.
-
-They are built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
+It is built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
 20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``), one build per checkout and torch installation (``build_name``).
 Without a C++ compiler, or with ``EngineOptions(kernels=False)`` (``AIAYN_CPU_KERNELS=0``),
-torch's kernels do the work. Callers: the engine's decoding step (``step.py``) and greedy
-search's argmax (``DecodeState.argmax``); tests check each kernel against its formula.
+torch's kernels do the work. Caller: the engine's decoding step (``step.py``); tests check the
+kernel against its formula. (A kernel for greedy search's argmax went by issue 25's 5% rule:
+0.99-1.02x end to end on the Xeon with AMX.)
 
-Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes; R rows, V vocabulary.
+Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention", "argmax"]
+__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention"]
 
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
 MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
@@ -122,9 +119,8 @@ def _build() -> bool:
         else:
             os.environ["PATH"] = path
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
-    for op, fake in (("decode_attention", _fake), ("argmax_rows", _fake_argmax)):
-        with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
-            register_fake(f"aiayn_cpu::{op}")(fake)
+    with contextlib.suppress(RuntimeError):  # already registered (a second load in this process)
+        register_fake("aiayn_cpu::decode_attention")(_fake)
     return True
 
 
@@ -143,10 +139,6 @@ def _built(cpp_extension, name: str) -> bool:
 def _fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """The output's shape for tracing (torch.compile, meta tensors): ``(B, T, H, D_v)``."""
     return q.new_empty(q.size(0), q.size(2), q.size(1), v.size(3))
-
-
-def _fake_argmax(x: Tensor) -> Tensor:
-    return x.new_empty(x.size(0), dtype=torch.long)
 
 
 def eligible(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
@@ -189,11 +181,3 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     """
     out = torch.ops.aiayn_cpu.decode_attention(q, k, v, mask)  # (B, T, H, D_v)
     return out.transpose(1, 2)  # (B, H, T, D_v)
-
-
-def argmax(x: Tensor) -> Tensor:
-    """``x.argmax(dim=-1)`` of ``(R, V)`` scores (a NaN counts as the maximum; the first index on a
-    tie), by the kernel for float32 on the CPU. Shape: ``(R, V) -> (R,)``, int64."""
-    if x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and 0 < x.size(1) < 2**31 and available():
-        return torch.ops.aiayn_cpu.argmax_rows(x)
-    return x.argmax(dim=-1)

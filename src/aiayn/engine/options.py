@@ -6,7 +6,7 @@ may set into it (``from_environ``):
 
 | field | variable | what it turns on |
 |---|---|---|
-| ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention and argmax kernels (``kernels.py``) |
+| ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention kernel (``kernels.py``) |
 | ``gemm`` | ``AIAYN_CPU_GEMM=auto|onednn|mkl`` | how float32 CPU products run (``linear.py``) |
 """
 
@@ -34,7 +34,7 @@ ONEDNN_MIN_WEIGHT = 2**18
 class EngineOptions:
     """How a prepared model runs. The defaults are the fastest measured (docs/benchmarks.md)."""
 
-    kernels: bool = True  # C++ attention for decoding steps and greedy's argmax (CPU, float32)
+    kernels: bool = True  # C++ attention for decoding steps (CPU, float32)
     gemm: str = "auto"  # float32 CPU products: oneDNN on packed weights, MKL, or auto (onednn_for)
 
     def __post_init__(self) -> None:

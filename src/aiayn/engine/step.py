@@ -68,10 +68,6 @@ class Decoding:
         its sentence's beams (the encoder-decoder K/V need no gathering)."""
         self.cache.reorder(rows, cross=sentences_changed)
 
-    def argmax(self, logits: Tensor) -> Tensor:
-        """``logits.argmax(-1)`` ``(R, V) -> (R,)``, by the kernel where it serves."""
-        return kernels.argmax(logits) if self.options.kernels else logits.argmax(dim=-1)
-
     @torch.no_grad()
     def __call__(self, tokens: Tensor) -> Tensor:
         """``Transformer.decode`` of one new token per row on the cache: ``(R,) -> (R, V)``

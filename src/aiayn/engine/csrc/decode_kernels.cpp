@@ -1,7 +1,7 @@
-// CPU kernels for decoding steps (not in the paper): attention, and greedy search's argmax.
-// aiayn.engine.kernels builds this file on first use; tests check each op against its formula.
+// CPU kernel for decoding steps (not in the paper): attention for a few queries per row.
+// aiayn.engine.kernels builds this file on first use; tests check it against its formula.
 //
-// 1. decode_attention: scaled dot-product attention (§3.2.1, eq. 1) of a few queries per row over
+// decode_attention: scaled dot-product attention (§3.2.1, eq. 1) of a few queries per row over
 // cached keys and values: softmax(Q Kᵀ / √d_k) V with a boolean mask (True = may attend).
 // At a decoding step each (row, head) has 1-16 queries against <= a few hundred keys. torch's fused
 // CPU kernel tiles for long queries and spends most of such a call on per-tile overhead; here each
@@ -10,9 +10,6 @@
 // q (B, H, T, D_k), k (B, H, S, D_k), v (B, H, S, D_v), any strides with the last one 1;
 // mask: none or bool (B|1, 1, T|1, S), any strides. Returns (B, T, H, D_v), contiguous: the
 // layout W^O takes. A query with no key to attend to gives zeros, as in aiayn's Python path.
-//
-// 2. argmax_rows: the first index of each row's maximum (a NaN counts as the maximum, as in
-// torch.argmax), for (R, V) logits with any strides.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -158,113 +155,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-// The index of each row's first maximum; the first NaN if a row has one (torch.argmax's rule).
-at::Tensor argmax_rows(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be float32 (R, V) on the CPU");
-  const int64_t R = x.size(0), V = x.size(1);
-  TORCH_CHECK(V > 0 || R == 0, "argmax of an empty row");
-  at::Tensor out = at::empty({R}, x.options().dtype(at::kLong));
-  if (R == 0) return out;
-  const float* xp = x.data_ptr<float>();
-  int64_t* op = out.data_ptr<int64_t>();
-  const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  const float NEG_INF = -std::numeric_limits<float>::infinity();
-  auto first_nan = [&](int64_t r) {
-    for (int64_t v = 0; v < V; ++v)
-      if (std::isnan(xp[r * s0 + v * s1])) return v;
-    return static_cast<int64_t>(-1);
-  };
-  if (s0 == 1 && s1 != 1) {  // rows are the contiguous dimension (transposed logits): scan V, all rows at once
-    const int nthreads = std::max<int>(1, std::min<int64_t>(at::get_num_threads(), (V + 1023) / 1024));
-    std::vector<float> best(static_cast<size_t>(nthreads) * R, NEG_INF);
-    std::vector<int32_t> index(static_cast<size_t>(nthreads) * R, 0);
-    std::vector<int32_t> nan(static_cast<size_t>(nthreads) * R, 0);
-    const int64_t chunk = (V + nthreads - 1) / nthreads;
-    at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        float* __restrict__ b = best.data() + t * R;
-        int32_t* __restrict__ ix = index.data() + t * R;
-        int32_t* __restrict__ seen_nan = nan.data() + t * R;
-        const int64_t v0 = t * chunk, v1 = std::min(V, v0 + chunk);
-        if (v0 < v1) std::fill(ix, ix + R, static_cast<int32_t>(v0));
-        for (int64_t v = v0; v < v1; ++v) {
-          const float* __restrict__ col = xp + v * s1;
-          const int32_t vi = static_cast<int32_t>(v);
-#pragma omp simd
-          for (int64_t r = 0; r < R; ++r) {
-            const float val = col[r];
-            const bool more = val > b[r];
-            b[r] = more ? val : b[r];
-            ix[r] = more ? vi : ix[r];
-            seen_nan[r] |= (val != val) ? 1 : 0;
-          }
-        }
-      }
-    });
-    for (int64_t r = 0; r < R; ++r) {  // merge the V ranges in order: a tie keeps the earlier index
-      float b = best[r];
-      int64_t ix = index[r];
-      bool any_nan = nan[r] != 0;
-      for (int t = 1; t < nthreads; ++t) {
-        if (t * chunk >= V) break;
-        any_nan |= nan[t * R + r] != 0;
-        if (best[t * R + r] > b) {
-          b = best[t * R + r];
-          ix = index[t * R + r];
-        }
-      }
-      op[r] = any_nan ? first_nan(r) : ix;
-    }
-    return out;
-  }
-  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {  // row by row, 8 lanes of candidates
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = xp + r * s0;
-      float lane[8];
-      int32_t at[8];
-      uint8_t any_nan = 0;
-      for (int l = 0; l < 8; ++l) {
-        lane[l] = NEG_INF;
-        at[l] = 0;
-      }
-      int64_t v = 0;
-      for (; v + 8 <= V; v += 8)
-        for (int l = 0; l < 8; ++l) {
-          const float val = row[(v + l) * s1];
-          const bool more = val > lane[l];
-          lane[l] = more ? val : lane[l];
-          at[l] = more ? static_cast<int32_t>(v + l) : at[l];
-          any_nan |= static_cast<uint8_t>(val != val);
-        }
-      float b = NEG_INF;
-      int64_t ix = 0;
-      for (int l = 0; l < 8; ++l)  // the lanes' maxima: the largest, the earliest on a tie
-        if (lane[l] > b || (lane[l] == b && at[l] < ix)) {
-          b = lane[l];
-          ix = at[l];
-        }
-      for (; v < V; ++v) {
-        const float val = row[v * s1];
-        any_nan |= static_cast<uint8_t>(val != val);
-        if (val > b) {
-          b = val;
-          ix = v;
-        }
-      }
-      op[r] = any_nan ? first_nan(r) : ix;
-    }
-  });
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(aiayn_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
-  m.def("argmax_rows(Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_cpu, CPU, m) {
   m.impl("decode_attention", &decode_attention);
-  m.impl("argmax_rows", &argmax_rows);
 }
