@@ -3,7 +3,7 @@
 
 (i)  Per call, at the shapes of bench/decode_speed.py (base shape: 8 heads of 64; 64 sentences,
      or 64 x 4 beams): one new query per row against keys and values viewed from the
-     position-major cache, as the engine's cache holds them, including merging the heads for W^O.
+     engine's reserved cache buffers, as it holds them, including merging the heads for W^O.
      6 layers' worth of K/V are cycled through, so that each call reads its keys from memory as
      in a decoding step rather than from cache. The peer is what the engine's step calls with the
      kernels off: aiayn's ``scaled_dot_product_attention`` (torch's fused kernel).
@@ -49,8 +49,8 @@ CASES = [  # name, query rows, beams per cached row (encoder-decoder), keys, cac
 
 def attend(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], S: int, mask: torch.Tensor | None, on: bool):
     """One call as the engine's step makes it: keys and values viewed from the cache,
-    ``(B, capacity, H, D)`` -> ``(B, H, S, D)``, and the heads merged for W^O afterwards."""
-    k, v = (t[:, :S].transpose(1, 2) for t in cache)  # (B, H, S, D)
+    ``(B, H, capacity, D)`` -> ``(B, H, S, D)``, and the heads merged for W^O afterwards."""
+    k, v = (t[:, :, :S] for t in cache)  # (B, H, S, D)
     if on:
         out = cpu_kernels.decode_attention(q, k, v, mask)  # (B, H, T, D)
     else:  # torch's fused kernel wants each head's vectors contiguous (engine/step.py: _attend)
@@ -63,7 +63,7 @@ def per_call(repeats: int) -> list[dict]:
     rows = []
     for name, B, G, S, capacity, padded in CASES:
         Bk = B // G
-        caches = [(torch.randn(Bk, capacity, H, D, generator=g), torch.randn(Bk, capacity, H, D, generator=g))
+        caches = [(torch.randn(Bk, H, capacity, D, generator=g), torch.randn(Bk, H, capacity, D, generator=g))
                   for _ in range(LAYERS)]  # fmt: skip
         q = torch.randn(H * D, B, generator=g).t().reshape(B, 1, H, D).transpose(1, 2)  # a step's projection
         mask = None

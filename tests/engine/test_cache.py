@@ -39,7 +39,7 @@ def test_beams_reorder_and_drop_equal_the_replicated_batch(variant):
         assert cache.self_attn[0].reserved == 12 and cache.group == K
         assert cache.cross_attn[0].k.size(0) == 3 and cache.memory_mask.size(0) == 3  # one copy per sentence
         got1 = feed(state, cont1)
-        assert cache.self_attn[0]._k.size(1) == 16  # reserved 12, at least 16
+        assert cache.self_attn[0]._k.size(2) == 16  # reserved 12, at least 16
         state.reorder(parents, sentences_changed=False)
         got2 = feed(state, cont2)
         state.reorder(keep, sentences_changed=True)
@@ -65,22 +65,19 @@ def test_expand_rejects_a_group_below_one_and_a_batch_that_does_not_fill_the_gro
 
 
 @torch.no_grad()
-def test_the_cache_stores_each_rows_keys_and_values_as_one_block():
-    """Position-major buffers (B, capacity, H, D): row b's first ``length`` positions are one
-    contiguous run of length·H·D values, before and after a reorder, and the (B, H, L, D) views
-    hold exactly what was appended."""
+def test_the_cache_holds_what_was_appended_in_reserved_buffers():
+    """Buffers (B, H, capacity, D) reserved for the output: the (B, H, L, D) views hold exactly
+    what was appended, before and after a reorder, and no append re-allocates them."""
     model = random_model(vocab_size=V)
     H, D = model.config.h, model.config.d_k
     state = Decoding(engine.prepare(model), padded_source(), beam=1, steps=5)
-    appended = []
+    appended, buffers = [], []
     for t in range(5):
         state(torch.randint(3, V, (3,), generator=torch.Generator().manual_seed(t)))
         appended.append(state.cache.self_attn[0].k[:, :, -1:].clone())  # (B, H, 1, D) the new keys
+        buffers.append(state.cache.self_attn[0]._k.data_ptr())
+    assert len(set(buffers)) == 1  # reserved at the first step
     state.reorder(torch.tensor([2, 0, 0]))
     for layer_cache in state.cache.self_attn + state.cache.cross_attn:
-        L = layer_cache.length
-        for buffer in (layer_cache._k, layer_cache._v):
-            rows = buffer[:, :L]  # (B, L, H, D)
-            assert rows.shape[2:] == (H, D)
-            assert rows.stride()[1:] == (H * D, D, 1)  # positions, heads, features: one block per row
+        assert layer_cache.k.shape[1::2] == (H, D) and layer_cache.k.stride(-1) == 1
     assert torch.equal(state.cache.self_attn[0].k, torch.cat(appended, dim=2)[[2, 0, 0]])

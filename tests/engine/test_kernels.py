@@ -51,12 +51,17 @@ def by_hand(q, k, v, mask):
 
 def layouts(B, H, T, S, D_k, D_v, seed):
     """q strided as a decoding step's projection leaves it (feature-major rows); k and v as views
-    of position-major cache buffers ``(B, capacity, H, D)``, as the engine's cache keeps them."""
+    of reserved cache buffers ``(B, H, capacity, D)``, as the engine's cache keeps them, or of
+    position-major ones ``(B, capacity, H, D)`` (any strides with the last one 1)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(H * D_k, B * T, generator=g).t().reshape(B, T, H, D_k).transpose(1, 2)  # (B, H, T, D_k)
     capacity = S + 3
-    k = torch.randn(B, capacity, H, D_k, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_k)
-    v = torch.randn(B, capacity, H, D_v, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_v)
+    if seed % 2:
+        k = torch.randn(B, H, capacity, D_k, generator=g)[:, :, :S]  # (B, H, S, D_k)
+        v = torch.randn(B, H, capacity, D_v, generator=g)[:, :, :S]  # (B, H, S, D_v)
+    else:
+        k = torch.randn(B, capacity, H, D_k, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_k)
+        v = torch.randn(B, capacity, H, D_v, generator=g)[:, :S].transpose(1, 2)  # (B, H, S, D_v)
     return q, k, v
 
 
