@@ -28,8 +28,7 @@ def test_relu_ffn_equals_max_0_xW1_b1_W2_b2():
 
 
 def test_relu_ffn_gradients_equal_the_formula():
-    """Every gradient of eq. 2, also with a full backward hook on linear1 (whose output is then a
-    view that may not change in place)."""
+    """Every gradient of eq. 2, also with a full backward hook on linear1."""
     ffn = seeded_ffn("relu")
     seen = []
     ffn.linear1.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].shape))
@@ -45,8 +44,7 @@ def test_relu_ffn_gradients_equal_the_formula():
 
 
 def test_relu_ffn_without_autograd_equals_the_formula():
-    """Inference (ReLU in place on x W1 + b1, and the decoding path's transposed products for
-    few rows) gives eq. 2 too."""
+    """Inference (autograd off) gives eq. 2 too."""
     ffn = seeded_ffn("relu")
     x = torch.randn(3, 4, 6)
     with torch.no_grad():

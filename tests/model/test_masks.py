@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aiayn.model.masks import Packing, causal_mask, padding_mask, window_mask
+from aiayn.model.masks import causal_mask, padding_mask, window_mask
 
 
 def table(rows: list[list[int]]) -> torch.Tensor:
@@ -130,20 +130,3 @@ def test_causal_and_window_masks_broadcast_against_padding(T, S, offset):
             for j in range(keys):
                 expected = (j <= offset + i) and abs(offset + i - j) <= 1 and bool(tokens[b, j] != 0)
                 assert bool(combined[b, 0, i, j]) == expected
-
-
-def test_packing_keeps_the_real_positions_in_order_and_unpacks_with_zeros():
-    keep = torch.tensor([[True, True, False], [True, False, False]])
-    packing = Packing.of(keep)
-    assert packing.index.tolist() == [0, 1, 3]  # flattened (b, s): (0, 0), (0, 1), (1, 0)
-    x = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 3, 2)
-    rows = packing.pack(x)
-    assert rows.tolist() == [[0.0, 1.0], [2.0, 3.0], [6.0, 7.0]]
-    back = packing.unpack(rows)
-    assert back.shape == (2, 3, 2)
-    torch.testing.assert_close(back[keep], x[keep], atol=0, rtol=0)
-    assert torch.all(back[~keep] == 0)
-
-
-def test_packing_is_none_without_padding():
-    assert Packing.of(torch.ones(2, 4, dtype=torch.bool)) is None

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from ..model import MultiHeadAttention, Transformer
-from ..model.masks import Packing
 from .linear import PackedLinear
 from .options import EngineOptions
 from .quantize import quantize_dynamic_int8
@@ -54,10 +53,8 @@ class SplitCrossAttention(MultiHeadAttention):
     def project_q(self, x: Tensor) -> Tensor:
         return self._heads(self.q_proj(x), self.d_k)  # (B, H, T, D_k)
 
-    def project_kv(self, memory: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor]:
-        kv = self.kv_proj(memory)  # (B, S, H*(D_k+D_v)), or (N, ...) packed
-        if packing is not None:
-            kv = packing.unpack(kv)
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        kv = self.kv_proj(memory)  # (B, S, H*(D_k+D_v))
         k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)  # (B, H, S, D_k), (B, H, S, D_v)
 

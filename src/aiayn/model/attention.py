@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cache import LayerCache
-from .masks import Packing
 
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention"]
 
@@ -115,13 +114,10 @@ class MultiHeadAttention(nn.Module):
         q_size = self.h * self.d_k
         return self._heads(F.linear(x, self.in_proj.weight[:q_size], self.in_proj.bias[:q_size]), self.d_k)
 
-    def project_kv(self, memory: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor]:
-        """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``.
-        With ``packing``, ``memory`` is ``(N, d_model)``, the real positions only (zeros elsewhere)."""
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """K = memory W^K, V = memory W^V, split into heads: ``(B, H, S, D_k)``, ``(B, H, S, D_v)``."""
         q_size = self.h * self.d_k
         kv = F.linear(memory, self.in_proj.weight[q_size:], self.in_proj.bias[q_size:])  # (B, S, H*(D_k+D_v))
-        if packing is not None:
-            kv = packing.unpack(kv)
         k, v = kv.split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
@@ -132,7 +128,6 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
-        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself (self-attention) or to ``memory`` (encoder-decoder).
 
@@ -143,16 +138,11 @@ class MultiHeadAttention(nn.Module):
             mask: boolean, ``True`` = may attend, broadcastable to ``(B, H, T, S)``.
             cache: this sublayer's K/V from earlier steps (``model/cache.py``); updated in place.
             need_weights: also return the attention weights ``(B, H, T, S)``.
-            packing: self-attention only: ``x`` is ``(N, d_model)``, the real positions of a
-                padded ``(B, T)`` batch (``masks.Packing``); the projections run on the N rows
-                and the result is ``(N, d_model)`` too.
 
-        Shape: returns ``(B, T, d_model)`` (or ``(N, d_model)``) and the weights or None.
+        Shape: returns ``(B, T, d_model)`` and the weights or None.
         """
         q_size, k_size = self.h * self.d_k, self.h * self.d_k
         if self.cross:
-            if packing is not None:
-                raise ValueError("packed rows serve self-attention only")
             q = self.project_q(x)  # (B, H, T, D_k)
             if cache is not None and cache.static:
                 k, v = cache.k, cache.v
@@ -163,9 +153,7 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.set(k, v)
         else:
-            qkv = self.in_proj(x)  # (B, T, H*(2 D_k + D_v)), or (N, ...) packed
-            if packing is not None:
-                qkv = packing.unpack(qkv)  # (B, T, H*(2 D_k + D_v)), zeros at padding
+            qkv = self.in_proj(x)  # (B, T, H*(2 D_k + D_v))
             q, k, v = qkv.split([q_size, k_size, self.h * self.d_v], dim=-1)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
             if cache is not None:
@@ -174,6 +162,4 @@ class MultiHeadAttention(nn.Module):
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)  # (B, H, T, D_v)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, self.h * self.d_v)  # (B, T, H*D_v)
-        if packing is not None:
-            out = packing.pack(out)  # (N, H*D_v)
         return self.out_proj(out), weights

@@ -18,7 +18,6 @@ from .cache import LayerCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .feed_forward import PositionwiseFeedForward
-from .masks import Packing
 
 __all__ = ["ResidualNorm", "EncoderLayer", "DecoderLayer"]
 
@@ -64,17 +63,13 @@ class EncoderLayer(nn.Module):
         self.feed_forward_norm = ResidualNorm(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, packing: Packing | None = None
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """x ``(B, S, d_model)``; mask ``(B, 1, 1, S)`` or ``(B, 1, S, S)``, True = may attend.
-        With ``packing`` (``masks.Packing``), x is ``(N, d_model)``: only the real positions.
 
-        Returns ``(B, S, d_model)`` (or ``(N, d_model)``) and the self-attention weights
-        ``(B, H, S, S)`` or None.
+        Returns ``(B, S, d_model)`` and the self-attention weights ``(B, H, S, S)`` or None.
         """
-        y, weights = self.self_attn(
-            self.self_attn_norm.before(x), mask=mask, need_weights=need_weights, packing=packing
-        )
+        y, weights = self.self_attn(self.self_attn_norm.before(x), mask=mask, need_weights=need_weights)
         x = self.self_attn_norm.after(x, y)
         x = self.feed_forward_norm.after(x, self.feed_forward(self.feed_forward_norm.before(x)))
         return x, weights

@@ -14,12 +14,10 @@ Legend: B batch, T query length, S key length.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
-__all__ = ["padding_mask", "causal_mask", "window_mask", "Packing"]
+__all__ = ["padding_mask", "causal_mask", "window_mask"]
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -57,38 +55,3 @@ def window_mask(
     i = torch.arange(offset, offset + T, device=device)[:, None]
     j = torch.arange(S, device=device)[None, :]
     return ((i - j).abs() <= r)[None, None]
-
-
-class Packing(NamedTuple):
-    """The real tokens of a padded batch as N packed rows (not in the paper; an inference
-    economy, as in FasterTransformer's "remove padding"; the encoder uses it in eval mode).
-
-    The projections, the feed-forward network, residuals and layer norm act on each position
-    alone, so they can run on the N real positions instead of all B·S; only attention needs the
-    ``(B, S)`` layout, and it unpacks its projections (zeros at padding, which the mask hides)
-    and packs its output again. ``index`` ``(N,)`` holds the real positions' indices into the
-    flattened ``B·S`` positions, in order.
-    """
-
-    index: Tensor  # (N,)
-    padding: Tensor  # (B·S - N,): the other positions
-    B: int
-    S: int
-
-    @classmethod
-    def of(cls, keep: Tensor) -> Packing | None:
-        """From a ``(B, S)`` boolean tensor (True = real token); None when nothing is padding."""
-        if bool(keep.all()):
-            return None
-        flat = keep.reshape(-1)
-        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), keep.size(0), keep.size(1))
-
-    def pack(self, x: Tensor) -> Tensor:
-        """``(B, S, ...) -> (N, ...)``: the rows of the real positions."""
-        return x.reshape(self.B * self.S, *x.shape[2:]).index_select(0, self.index)
-
-    def unpack(self, rows: Tensor) -> Tensor:
-        """``(N, ...) -> (B, S, ...)``, zeros at padding."""
-        out = rows.new_empty(self.B * self.S, *rows.shape[1:])
-        out.index_copy_(0, self.index, rows).index_fill_(0, self.padding, 0.0)  # autograd follows rows
-        return out.view(self.B, self.S, *rows.shape[1:])

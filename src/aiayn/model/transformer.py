@@ -75,28 +75,19 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, return_attention: bool = False, keep: Tensor | None = None
+        self, x: Tensor, mask: Tensor | None = None, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
         """x ``(B, S, d_model)`` embedded source; mask ``(B, 1, 1|S, S)``, True = may attend.
-        ``keep`` ``(B, S)`` (True = real token; padding must also be masked as a key): in eval
-        mode the position-wise sublayers then run on the real positions only (``masks.Packing``),
-        and the output is zeros at padding. Not with ``return_attention``, and not in training,
-        where dropout's random stream would change with the number of rows.
 
         Returns ``(B, S, d_model)`` and, if asked, each layer's weights ``(B, H, S, S)``.
         """
         attention = [] if return_attention else None
-        packing = None if keep is None or return_attention or self.training else masks.Packing.of(keep)
-        if packing is not None:
-            x = packing.pack(x)  # (N, d_model)
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights=return_attention, packing=packing)
+            x, weights = layer(x, mask, need_weights=return_attention)
             if attention is not None:
                 attention.append(weights)
         if self.norm is not None:
             x = self.norm(x)
-        if packing is not None:
-            x = packing.unpack(x)  # (B, S, d_model)
         return x, attention
 
 
@@ -245,18 +236,15 @@ class Transformer(PretrainedMixin, nn.Module):
         src_mask = masks.padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
         self_mask = _and(src_mask, _self_mask(self.config, src.size(1), 0, False, src.device))
         x = self.dropout(self.src_positional(self.src_embedding(src)))  # (B, S, d_model)
-        memory, attention = self.encoder(x, self_mask, return_attention, keep=src_mask[:, 0, 0])
+        memory, attention = self.encoder(x, self_mask, return_attention)
         return EncoderOutput(memory, src_mask, attention)
 
     def init_cache(self, memory: Tensor, memory_mask: Tensor | None = None) -> KVCache:
         """A KV cache for incremental decoding of this source: the encoder-decoder keys and
         values of every layer are computed here, once."""
         cache = KVCache(len(self.decoder.layers), cross=True, memory_mask=memory_mask)
-        packing = None if memory_mask is None else masks.Packing.of(memory_mask[:, 0, 0])
-        if packing is not None:  # project the real positions only; padding (masked) gets zeros
-            memory = packing.pack(memory)  # (N, d_model)
         for layer, layer_cache in zip(self.decoder.layers, cache.cross_attn, strict=True):
-            layer_cache.set(*layer.cross_attn.project_kv(memory, packing))
+            layer_cache.set(*layer.cross_attn.project_kv(memory))
         return cache
 
     def decode(
@@ -390,7 +378,7 @@ class EncoderOnly(PretrainedMixin, nn.Module):
         mask = masks.padding_mask(tokens, self.config.pad_id)  # (B, 1, 1, L)
         self_mask = _and(mask, _self_mask(self.config, tokens.size(1), 0, False, tokens.device))
         x = self.dropout(self.positional(self.embedding(tokens)))
-        x, attention = self.encoder(x, self_mask, return_attention, keep=mask[:, 0, 0])
+        x, attention = self.encoder(x, self_mask, return_attention)
         return EncoderOutput(x, mask, attention)
 
     def forward(
