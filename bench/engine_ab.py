@@ -9,7 +9,7 @@ Two workloads, each decoded greedily and with beam 4:
   ``bench/decode_speed.py`` decodes them (``translate_ids``).
 
 Variants: the engine as configured (``EngineOptions()``), then one option off at a time:
-``kernels=False`` (torch's attention and argmax instead of the C++ kernels), ``gemm="mkl"`` and
+``kernels=False`` (torch's attention instead of the C++ kernel), ``gemm="mkl"`` and
 ``gemm="onednn"`` (every product MKL's, transposed at decoding steps, or every one oneDNN's,
 instead of ``auto``'s choice by CPU and weight size, where the default takes oneDNN for some),
 and the paper's model unprepared (its modules on ``model/cache.py``: no engine at all). The

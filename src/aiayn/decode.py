@@ -9,7 +9,7 @@ and logits processors) runs behind ``greedy_decode``, ``beam_search``, ``transla
 decoder's next-token logits for every row, a strategy's scores (``_Greedy``, ``_Sample``:
 logits; ``_Beam``: log-probabilities), the rules of ``_rules`` (no padding nor suppressed
 tokens, ``min_len``, EOS at the limit, no repeated n-gram), then the strategy's choice of tokens
-and of the rows that go on. Refilling the batch as sentences end is a scheduler around it.
+and of the rows that go on. Batches run one after another.
 
 The loop runs on the KV cache: the encoder-decoder keys and values are computed once per
 source, the self-attention keys and values grow one step at a time, and beam search gathers the
@@ -249,7 +249,7 @@ def _rules(
 class _Greedy:
     """Greedy search: each sentence's one row takes the most likely token; the sentence ends with
     EOS or at its limit. Ended rows stay in the batch (decoded along, ignored) until
-    ``COMPACT_FRACTION`` of them have ended, then leave together: gathering the cache is not free."""
+    1 / ``COMPACT_FRACTION`` of them have ended, then leave together: gathering the cache is not free."""
 
     K = 1
 
@@ -395,40 +395,34 @@ def _search(
     (tested on the CPU); int8 activations are scaled by the whole batch's range.
     """
     config, K = model.config, strategy.K
-    pending = list(batches)
-    state = rows = None
-    while True:
-        if state is None:
-            sentences, src = pending.pop(0)
-            limit = limits(src)
-            state = _decoding(model, src, K, int(limit.max()), use_cache)
-            rows = _Rows.start(sentences, limit, K, config)
-            strategy.start(sentences)
-        logits = state(rows.last).float()  # (R, V)
-        steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
-        limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
-        out = rows.out
-        step = _Step(steps + 1, limit, lambda: _histories(out, steps, config.bos_id))  # noqa: B023
-        scores = strategy.scores(logits)
-        for rule in rules:
-            scores = rule(scores, step)
-        token, parents, keep, results = strategy.step(scores, rows)
-        yield from results
-        if parents is not None:
-            if parents.numel() == 0:  # every sentence has ended
-                state = rows = None
-                if not pending:
-                    return
-                continue
-            state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
-            rows.select(keep, parents)
-        # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
-        rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
-        rows.last = token
-        if rows.n_done:  # greedy's ended rows, still in the batch
-            rows.steps = rows.steps + (~rows.done).long()
-        else:
-            rows.steps = rows.steps + 1
+    for sentences, src in batches:
+        limit = limits(src)
+        state = _decoding(model, src, K, int(limit.max()), use_cache)
+        rows = _Rows.start(sentences, limit, K, config)
+        strategy.start(sentences)
+        while True:
+            logits = state(rows.last).float()  # (R, V)
+            steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
+            limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
+            out = rows.out
+            step = _Step(steps + 1, limit, lambda: _histories(out, steps, config.bos_id))  # noqa: B023
+            scores = strategy.scores(logits)
+            for rule in rules:
+                scores = rule(scores, step)
+            token, parents, keep, results = strategy.step(scores, rows)
+            yield from results
+            if parents is not None:
+                if parents.numel() == 0:  # every sentence of the batch has ended
+                    break
+                state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
+                rows.select(keep, parents)
+            # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
+            rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
+            rows.last = token
+            if rows.n_done:  # greedy's ended rows, still in the batch
+                rows.steps = rows.steps + (~rows.done).long()
+            else:
+                rows.steps = rows.steps + 1
 
 
 @torch.no_grad()

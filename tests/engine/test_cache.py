@@ -1,7 +1,8 @@
 """The engine's cache (engine/cache.py) under beam search's life: K beams sharing one row of the
 source K/V, gathered by parent within each sentence, a finished sentence dropped, past the
 reserved capacity; against teacher forcing on an explicitly replicated batch, with random
-parameters. And its layout: each row's keys and values one contiguous block."""
+parameters. And its reserved ``(B, H, capacity, D)`` buffers, never reallocated within the
+reserve."""
 
 import pytest
 import torch

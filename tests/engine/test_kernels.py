@@ -49,14 +49,15 @@ def by_hand(q, k, v, mask):
     return out
 
 
-def layouts(B, H, T, S, D_k, D_v, seed):
+def layouts(B, H, T, S, D_k, D_v, seed, layout="heads"):
     """q strided as a decoding step's projection leaves it (feature-major rows); k and v as views
-    of reserved cache buffers ``(B, H, capacity, D)``, as the engine's cache keeps them, or of
-    position-major ones ``(B, capacity, H, D)`` (any strides with the last one 1)."""
+    of reserved cache buffers ``(B, H, capacity, D)``, as the engine's cache keeps them
+    (``layout="heads"``), or of position-major ones ``(B, capacity, H, D)`` (``"positions"``: any
+    strides with the last one 1 serve)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(H * D_k, B * T, generator=g).t().reshape(B, T, H, D_k).transpose(1, 2)  # (B, H, T, D_k)
     capacity = S + 3
-    if seed % 2:
+    if layout == "heads":
         k = torch.randn(B, H, capacity, D_k, generator=g)[:, :, :S]  # (B, H, S, D_k)
         v = torch.randn(B, H, capacity, D_v, generator=g)[:, :, :S]  # (B, H, S, D_v)
     else:
@@ -87,9 +88,10 @@ SHAPES = [  # B, H, T, S, D_k, D_v
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mask_name", ["none", "padding", "causal", "padding & causal", "strided"])
-def test_kernel_equals_the_formula(shape, mask_name):
+@pytest.mark.parametrize("layout", ["heads", "positions"])
+def test_kernel_equals_the_formula(shape, mask_name, layout):
     B, H, T, S, D_k, D_v = shape
-    q, k, v = layouts(B, H, T, S, D_k, D_v, seed=sum(shape))
+    q, k, v = layouts(B, H, T, S, D_k, D_v, seed=sum(shape), layout=layout)
     mask = masks(B, T, S, seed=len(mask_name))[mask_name]
     assert cpu_kernels.eligible(q, k, v, mask)
     out = cpu_kernels.decode_attention(q, k, v, mask)

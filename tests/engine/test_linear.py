@@ -54,9 +54,9 @@ def test_step_product_equals_f_linear(rows, relu, onednn):
 
 
 def test_untransposed_step_product_is_row_major():
-    """``transposed=False`` (``auto`` on AVX-512): MKL's x Wᵀ, a contiguous result, same values."""
+    """``transpose_steps=False`` (``auto`` on AVX-512): MKL's x Wᵀ, a contiguous result, same values."""
     linear = torch.nn.Linear(16, 24)
-    packed = PackedLinear(linear.weight, linear.bias, onednn=False, transposed=False)
+    packed = PackedLinear(linear.weight, linear.bias, onednn=False, transpose_steps=False)
     x = torch.randn(8, 16)
     with torch.no_grad():
         y = packed.step(x)

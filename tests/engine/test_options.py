@@ -66,7 +66,7 @@ def test_prepare_packs_by_shape(monkeypatch):
     model = Transformer(ModelConfig(vocab_size=40, d_model=16, d_ff=32, h=2, N=1))
     auto = engine.prepare(model)
     assert auto.engine_projection.packed is None
-    assert all(m.packed is None and not m.transposed for m in auto.modules() if type(m).__name__ == "PackedLinear")
+    assert all(m.packed is None and not m.transpose_steps for m in auto.modules() if type(m).__name__ == "PackedLinear")
     forced = engine.prepare(model, options=EngineOptions(gemm="onednn"))
     layers = [m for m in forced.modules() if type(m).__name__ == "PackedLinear"]
     assert layers and all((m.packed is not None) is torch.backends.mkldnn.is_available() for m in layers)

@@ -27,13 +27,24 @@ VARIANTS = {
 }
 
 
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+
+
 @pytest.fixture(
-    params=[
-        "mkl",
-        pytest.param("onednn", marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")),
-    ]
+    params=["mkl", pytest.param("onednn", marks=needs_onednn), pytest.param("auto-avx512", marks=needs_onednn)]
 )
-def options(request) -> EngineOptions:
+def options(request, monkeypatch) -> EngineOptions:
+    """Every product MKL's (transposed at steps), every one oneDNN's, or ``auto`` as on an AVX-512
+    CPU with its size threshold lowered to this tiny model's: the 32x96 and 32x64 weights packed
+    for oneDNN, the 32x32 and 32x29 ones on MKL's x Wᵀ, mixed in one step."""
+    if request.param == "auto-avx512":
+        from aiayn.engine import options as engine_options
+
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+        monkeypatch.setattr(engine_options, "ONEDNN_MIN_WEIGHT", 2048)
+        chosen = EngineOptions()
+        assert chosen.onednn_for(32, 96) and not chosen.onednn_for(32, 32) and not chosen.transposed
+        return chosen
     return EngineOptions(gemm=request.param)
 
 

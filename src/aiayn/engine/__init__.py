@@ -12,8 +12,8 @@ beyond them, made once there and never re-checked at a call:
   tied pre-softmax projection (``engine_projection``), so that every product is one layer;
 - the ``EngineOptions`` it was prepared with (``engine``).
 The searches of ``aiayn.decode`` run a prepared model through ``step.Decoding``: the engine's
-cache (``cache.py``: reserved buffers, beams sharing the source's K/V, rows added as others
-end) and the flat decoding step, with the C++ kernels (``kernels.py``) where they serve.
+cache (``cache.py``: reserved buffers, beams sharing the source's K/V) and the flat decoding
+step, with the C++ attention kernel (``kernels.py``) where it serves.
 
 Prepare a model after moving it to its device and after training: the packed copies do not
 follow later changes to the weights. The prepared model cannot be trained or saved.

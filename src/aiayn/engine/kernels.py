@@ -1,14 +1,14 @@
 """A CPU kernel for decoding steps (not in the paper): attention (eq. 1) for a few queries.
 
 At a decoding step each row (sentence or beam) brings one new query per head, or a few when
-the beams of a sentence share its encoder-decoder keys and values (``KVCache.expand``).
+the beams of a sentence share its encoder-decoder keys and values (``EngineCache.expand``).
 ``F.scaled_dot_product_attention``'s fused CPU kernel tiles for long queries; with one query it
 spends most of a call on per-tile work (1.2-1.6 ms for 64 rows x 8 heads x 66 cached keys at the
 base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C++ kernel in
 ``csrc/decode_kernels.cpp`` streams each row's keys and values once for all of its heads and
 queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
-It is built from source by ``torch.utils.cpp_extension`` the first time one is needed (about
+It is built from source by ``torch.utils.cpp_extension`` the first time it is needed (about
 20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``), one build per checkout and torch installation (``build_name``).
 Without a C++ compiler, or with ``EngineOptions(kernels=False)`` (``AIAYN_CPU_KERNELS=0``),

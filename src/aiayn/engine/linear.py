@@ -60,16 +60,16 @@ class PackedLinear(nn.Module):
     contiguous tensor; ``step`` is the flat decoding step's product (possibly a transposed view).
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool, transposed: bool = True) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool, transpose_steps: bool = True) -> None:
         super().__init__()
-        self.weight, self.bias, self.transposed = weight, bias, transposed
+        self.weight, self.bias, self.transpose_steps = weight, bias, transpose_steps
         self.in_features, self.out_features = weight.size(1), weight.size(0)
         packable = onednn and weight.dtype == torch.float32 and weight.device.type == "cpu"
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if packable else None
 
     @classmethod
-    def of(cls, linear: nn.Linear, onednn: bool, transposed: bool = True) -> PackedLinear:
-        return cls(linear.weight, linear.bias, onednn, transposed)
+    def of(cls, linear: nn.Linear, onednn: bool, transpose_steps: bool = True) -> PackedLinear:
+        return cls(linear.weight, linear.bias, onednn, transpose_steps)
 
     def forward(self, x: Tensor) -> Tensor:
         """y = x Wᵀ + b. Shape: ``(..., d_in) -> (..., d_out)``."""
@@ -79,17 +79,18 @@ class PackedLinear(nn.Module):
 
     def step(self, x2: Tensor, relu: bool = False) -> Tensor:
         """max(0, x Wᵀ + b) if ``relu`` else x Wᵀ + b, for the flat decoding step: ``(R, d_in) ->
-        (R, d_out)``; on MKL's path for at most ``SMALL_ROWS`` rows, with ``transposed``, a
+        (R, d_out)``; on MKL's path for at most ``SMALL_ROWS`` rows, with ``transpose_steps``, a
         transposed view."""
         if x2.numel() and _plain(x2):
             if self.packed is not None:  # oneDNN applies max(0, ·) inside the same product (§3.3)
                 attr = "relu" if relu else "none"
                 return torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, attr, [], "")
-            if self.transposed and x2.size(0) <= SMALL_ROWS:
+            if self.transpose_steps and x2.size(0) <= SMALL_ROWS:
                 y = transposed(x2, self.weight, self.bias)
                 return y.relu_() if relu else y
         y = F.linear(x2, self.weight, self.bias)
         return y.relu_() if relu else y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed is not None}"
+        sizes = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{sizes}, packed={self.packed is not None}, transpose_steps={self.transpose_steps}"

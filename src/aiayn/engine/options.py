@@ -61,7 +61,8 @@ class EngineOptions:
         return self.gemm == "mkl"
 
     def onednn_for(self, d_in: int, d_out: int) -> bool:
-        """Whether a ``(d_out, d_in)`` weight is packed for oneDNN: always under ``"onednn"``;
+        """Whether a ``(d_out, d_in)`` weight is packed for oneDNN: under ``"onednn"`` wherever
+        oneDNN is available;
         under ``"auto"`` where ``onednn`` holds and the weight has ``ONEDNN_MIN_WEIGHT`` elements."""
         if self.gemm == "auto":
             return self.onednn and d_in * d_out >= ONEDNN_MIN_WEIGHT

@@ -15,6 +15,9 @@ label-smoothed loss stay in float32 (the loss upcasts its logits: ``loss.py``).
 - ``true``: bfloat16 autocast regardless (on a CPU without native bfloat16, with a warning).
 - ``false``: float32.
 
+On CUDA, bf16 autocast keeps attention off cuDNN's SDPA kernel, which builds a plan for every new
+batch shape (``_CudaBf16``).
+
 The choice, and why, is printed and recorded in ``metrics.jsonl`` (``kind: precision``).
 """
 
