@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.train.loss import label_smoothed_loss
-from cuda_check import random_batch
+from cuda_check import random_batch, sync
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -43,11 +43,6 @@ def step(model, opt, batch, bf16: bool) -> None:
     (loss / int(select.sum())).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def sync():
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def base_profiles(out: dict, quick: bool) -> None:

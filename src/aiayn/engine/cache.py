@@ -138,20 +138,16 @@ class EngineCache(KVCache):
             layer_cache.group *= group
         return self
 
-    def reorder_self(self, indices: Tensor) -> None:
-        """Gather the self-attention K/V (and key mask) rows: row b becomes row ``indices[b]``."""
-        for layer_cache in self.self_attn:
-            layer_cache.reorder(indices)
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask.index_select(0, indices)
-
     def reorder(self, indices: Tensor, cross: bool = True) -> EngineCache:
         """Row b becomes row ``indices[b]``. ``cross=False`` leaves the encoder-decoder K/V and
         the memory mask as they are: right (and cheaper) when every index stays among the rows
         of the same source, as when beam search gathers a sentence's beams by parent. With
         ``group`` K > 1, ``indices`` must keep each group of K rows within one sentence's group
         (as beam search does): the sentence of new group j is that of row ``indices[j K]``."""
-        self.reorder_self(indices)
+        for layer_cache in self.self_attn:
+            layer_cache.reorder(indices)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, indices)
         if cross:
             G = self.group
             sentences = indices[::G] // G if G > 1 else indices

@@ -62,8 +62,8 @@ class EngineOptions:
 
     def onednn_for(self, d_in: int, d_out: int) -> bool:
         """Whether a ``(d_out, d_in)`` weight is packed for oneDNN: under ``"onednn"`` wherever
-        oneDNN is available;
-        under ``"auto"`` where ``onednn`` holds and the weight has ``ONEDNN_MIN_WEIGHT`` elements."""
+        oneDNN is available; under ``"auto"`` where ``onednn`` holds and the weight has at least
+        ``ONEDNN_MIN_WEIGHT`` elements."""
         if self.gemm == "auto":
             return self.onednn and d_in * d_out >= ONEDNN_MIN_WEIGHT
         return self.onednn
