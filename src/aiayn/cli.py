@@ -79,10 +79,10 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
 def _load_model(directory: str, architecture: str = "Transformer"):
     """(model in eval mode, tokenizer) from a model directory; the wrong architecture is an error."""
     from . import model as models
-    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+    from .data.tokenizer import load_tokenizer
 
     model = getattr(models, architecture).from_pretrained(directory).eval()
-    return model, Tokenizer.load(Path(directory) / TOKENIZER_NAME, model.config.vocab_size)
+    return model, load_tokenizer(directory, model.config.vocab_size)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -319,23 +319,31 @@ def _attention_kinds(text: str) -> list[str]:
 
 def _average(args: argparse.Namespace) -> int:
     from .average import average_checkpoints
-    from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+    from .data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_files
 
     model = average_checkpoints(args.checkpoints)
     # the checkpoints' tokenizers must agree: the averaged model reads ids the same way
-    tokenizer, first = None, None
+    tokenizer, first, files = None, None, None
     for path in args.checkpoints:
-        file = Path(path) / TOKENIZER_NAME
-        if file.is_file():
-            other = Tokenizer.load(file)
+        names = tokenizer_files(path)
+        if all((Path(path) / name).is_file() for name in names):
+            contents = [(Path(path) / name).read_bytes() for name in names]
             if tokenizer is None:
-                tokenizer, first = other, file
-            elif other.hf.to_str() != tokenizer.hf.to_str():
-                raise ValueError(f"{file}: another tokenizer than {first}")
+                tokenizer, first, files = load_tokenizer(path), Path(path) / names[0], contents
+            elif contents != files:
+                raise ValueError(f"{Path(path) / names[0]}: another tokenizer than {first}")
     model.save_pretrained(args.out, averaged=[str(p) for p in args.checkpoints])
     if tokenizer is not None:
-        tokenizer.save(Path(args.out) / TOKENIZER_NAME)
+        save_tokenizer(tokenizer, args.out)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .interop import convert_marian
+
+    out = convert_marian(args.src, args.out)
+    print(f"converted {args.src} into {out}")
     return 0
 
 
@@ -518,6 +526,16 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("checkpoints", nargs="+", help="checkpoint directories")
     average.add_argument("--out", required=True, help="directory for the averaged model")
     average.set_defaults(func=_average)
+
+    convert = sub.add_parser("convert", help="convert a model of another toolkit into an aiayn model directory")
+    kinds = convert.add_subparsers(dest="kind", required=True)
+    marian = kinds.add_parser(
+        "marian",
+        help="a Hugging Face Marian (OPUS-MT) model: config.json, weights, source.spm, target.spm, vocab.json",
+    )
+    marian.add_argument("src", help="the Hugging Face model directory (downloaded beforehand: aiayn downloads nothing)")
+    marian.add_argument("out", help="the aiayn model directory to write")
+    marian.set_defaults(func=_convert)
 
     copy = sub.add_parser("copy-task", help="train a tiny model to copy random sequences and report its accuracy")
     defaults = CopyTask()

@@ -8,20 +8,42 @@ before (pre-norm) self-attention, encoder-decoder attention and the feed-forward
 ``final_norm=True`` to match it.
 
 Only the stacks are copied: torch's modules have no embeddings or output projection.
+
+``from_marian`` reads a Hugging Face ``MarianMTModel`` (OPUS-MT), whose architecture is the
+paper's base Transformer (post-norm, sinusoidal positions, embeddings scaled by √d_model and tied
+to the output), into an aiayn ``Transformer`` that computes the same function, with the same
+token ids. What Marian does differently, and how it is expressed:
+- its sinusoidal encodings are laid out as [sin | cos] halves, not interleaved (§3.5). The
+  model dimension is permuted once, at conversion: aiayn's dimension 2i is Marian's i and 2i + 1
+  is Marian's d_model/2 + i, in every weight that reads or writes the residual stream (the
+  embeddings, every projection's d_model side, the layer norms). Layer norm, dot products and
+  the tied output projection do not see a permutation, so the function is unchanged and the
+  paper's code needs no Marian-shaped option; the heads' dimensions are not permuted, so the
+  attention weights are Marian's, head by head;
+- ``final_logits_bias`` becomes ``Transformer.output_bias`` (``ModelConfig.output_bias``);
+- its decoder starts from the padding token: ``bos_id = pad_id``, never masked at position 0;
+- its activation "swish" is ``activation="silu"``;
+- separate source and target embeddings (``share_encoder_decoder_embeddings: false``) and an
+  untied output projection load as ``share_embeddings`` / ``tie_output`` false.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from .model import EncoderOnly, ModelConfig, Transformer
 from .model.attention import MultiHeadAttention
 from .model.layers import ResidualNorm
 from .model.transformer import Decoder, Encoder
 
-__all__ = ["load_torch_transformer"]
+__all__ = ["load_torch_transformer", "from_marian", "from_marian_state", "marian_config", "convert_marian"]
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
@@ -105,3 +127,209 @@ def load_torch_transformer(model: Transformer | EncoderOnly, module: nn.Transfor
         raise TypeError("a Transformer loads from a torch.nn.Transformer")
     _stack(model.encoder, module.encoder, config, "encoder")
     _stack(model.decoder, module.decoder, config, "decoder")
+
+
+# Hugging Face Marian (OPUS-MT) ------------------------------------------------------------------
+
+_MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}
+# options of older Marian configs that describe models aiayn (and transformers' MarianMTModel) do
+# not compute: the value each must have
+_MARIAN_FIXED = {
+    "normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": False,
+    "static_position_embeddings": True, "add_bias_logits": False,
+}  # fmt: skip
+
+
+def marian_config(config: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
+    """The aiayn ``ModelConfig`` of a Marian ``config.json`` (a dict). Raises ``ValueError``
+    naming ``source`` and the problem for a model that is not Marian, or a Marian variant aiayn
+    cannot express."""
+
+    def fail(msg: str) -> None:
+        raise ValueError(f"{source}: {msg}")
+
+    model_type = config.get("model_type")
+    if model_type != "marian":
+        fail(f"model_type {model_type!r}, not 'marian': not a Marian (OPUS-MT) model")
+    for name, value in _MARIAN_FIXED.items():
+        if name in config and bool(config[name]) != value:
+            fail(f"{name}={config[name]!r}: aiayn converts Marian models with {name}={value} only")
+    if not config.get("scale_embedding", False):  # MarianConfig's default; OPUS-MT models scale (§3.4)
+        fail("scale_embedding is false: aiayn scales the embeddings by √d_model (§3.4), as OPUS-MT models do")
+    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if config[a] != config[b]:
+            fail(f"{a}={config[a]} and {b}={config[b]} differ; aiayn's encoder and decoder share h and d_ff")
+    activation = _MARIAN_ACTIVATIONS.get(config.get("activation_function", "swish"))
+    if activation is None:
+        known = ", ".join(_MARIAN_ACTIVATIONS)
+        fail(f"activation_function {config['activation_function']!r} is not one of {known}")
+    if config["d_model"] % 2:
+        fail(f"d_model={config['d_model']} is odd; the sinusoidal encodings need an even d_model")
+    share = bool(config.get("share_encoder_decoder_embeddings", True))
+    vocab_size = config["vocab_size"]
+    tgt_vocab_size = vocab_size if share else config.get("decoder_vocab_size") or vocab_size
+    return ModelConfig(
+        vocab_size=vocab_size,
+        tgt_vocab_size=tgt_vocab_size,
+        N=config["encoder_layers"],
+        N_dec=config["decoder_layers"],
+        d_model=config["d_model"],
+        d_ff=config["encoder_ffn_dim"],
+        h=config["encoder_attention_heads"],
+        P_drop=float(config.get("dropout", 0.1)),
+        attention_dropout=float(config.get("attention_dropout", 0.0)),
+        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        activation=activation,
+        max_len=config.get("max_position_embeddings", 512),
+        share_embeddings=share,  # from_marian_state checks the weights: untied matrices load as such
+        output_bias=True,
+        pad_id=config["pad_token_id"],
+        bos_id=config.get("decoder_start_token_id", config["pad_token_id"]),
+        eos_id=config["eos_token_id"],
+    )
+
+
+def _halves_to_interleaved(d_model: int) -> Tensor:
+    """The permutation of the model dimension: aiayn's dimension a is Marian's ``perm[a]``
+    (2i -> i, the sines; 2i + 1 -> d_model/2 + i, the cosines)."""
+    i = torch.arange(d_model // 2)
+    return torch.stack([i, i + d_model // 2], dim=1).reshape(-1)  # (d_model,)
+
+
+def from_marian_state(
+    config: Mapping[str, Any], state: Mapping[str, Tensor], source: str = "the Marian model"
+) -> Transformer:
+    """An aiayn ``Transformer`` computing what the Marian model of ``config`` (its config.json as
+    a dict) with the weights ``state`` (its state dict, tensor names as transformers saves them,
+    with or without the ``model.`` prefix) computes. Errors name ``source``, and the tensor at fault."""
+    model_config = marian_config(config, f"{source} (config)")
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    used: set[str] = set()
+
+    def get(*names: str) -> Tensor:
+        for name in names:
+            if name in state:
+                used.add(name)
+                return state[name].detach().float()
+        raise ValueError(f"{source}: no tensor {names[0]!r} in the weights")
+
+    perm = _halves_to_interleaved(model_config.d_model)
+    ours: dict[str, Tensor] = {}
+    # Which matrices are one: the values say (a file stores a tied matrix once, under one of its
+    # names; transformers unties them all where tie_word_embeddings is false)
+    src_embedding = get("encoder.embed_tokens.weight", "shared.weight")
+    if model_config.share_embeddings:
+        tgt_embedding = get("decoder.embed_tokens.weight", "shared.weight")
+    else:
+        tgt_embedding = get("decoder.embed_tokens.weight")
+    output = get("lm_head.weight", "decoder.embed_tokens.weight", "shared.weight")
+    share = model_config.share_embeddings and torch.equal(src_embedding, tgt_embedding)
+    model_config = model_config.replace(share_embeddings=share, tie_output=torch.equal(output, tgt_embedding))
+    ours["src_embedding.weight"] = src_embedding[:, perm]
+    ours["tgt_embedding.weight"] = ours["src_embedding.weight"] if share else tgt_embedding[:, perm]
+    if not model_config.tie_output:
+        ours["output_projection.weight"] = output[:, perm]
+    bias = state.get("final_logits_bias")
+    used.add("final_logits_bias")
+    ours["output_bias"] = torch.zeros(model_config.tgt_vocab_size) if bias is None else bias.detach().float().view(-1)
+
+    def attention(ours_prefix: str, theirs: str) -> None:
+        q, k, v = (get(f"{theirs}.{x}_proj.weight") for x in "qkv")
+        ours[f"{ours_prefix}.in_proj.weight"] = torch.cat([q, k, v])[:, perm]  # reads d_model
+        ours[f"{ours_prefix}.in_proj.bias"] = torch.cat([get(f"{theirs}.{x}_proj.bias") for x in "qkv"])
+        ours[f"{ours_prefix}.out_proj.weight"] = get(f"{theirs}.out_proj.weight")[perm]  # writes d_model
+        ours[f"{ours_prefix}.out_proj.bias"] = get(f"{theirs}.out_proj.bias")[perm]
+
+    def norm(ours_prefix: str, theirs: str) -> None:
+        ours[f"{ours_prefix}.norm.weight"] = get(f"{theirs}.weight")[perm]
+        ours[f"{ours_prefix}.norm.bias"] = get(f"{theirs}.bias")[perm]
+
+    def feed_forward(ours_prefix: str, theirs: str) -> None:
+        ours[f"{ours_prefix}.feed_forward.linear1.weight"] = get(f"{theirs}.fc1.weight")[:, perm]
+        ours[f"{ours_prefix}.feed_forward.linear1.bias"] = get(f"{theirs}.fc1.bias")
+        ours[f"{ours_prefix}.feed_forward.linear2.weight"] = get(f"{theirs}.fc2.weight")[perm]
+        ours[f"{ours_prefix}.feed_forward.linear2.bias"] = get(f"{theirs}.fc2.bias")[perm]
+
+    for i in range(model_config.N):
+        a, m = f"encoder.layers.{i}", f"encoder.layers.{i}"
+        attention(f"{a}.self_attn", f"{m}.self_attn")
+        norm(f"{a}.self_attn_norm", f"{m}.self_attn_layer_norm")
+        feed_forward(a, m)
+        norm(f"{a}.feed_forward_norm", f"{m}.final_layer_norm")
+    for i in range(model_config.N_dec):
+        a, m = f"decoder.layers.{i}", f"decoder.layers.{i}"
+        attention(f"{a}.self_attn", f"{m}.self_attn")
+        norm(f"{a}.self_attn_norm", f"{m}.self_attn_layer_norm")
+        attention(f"{a}.cross_attn", f"{m}.encoder_attn")
+        norm(f"{a}.cross_attn_norm", f"{m}.encoder_attn_layer_norm")
+        feed_forward(a, m)
+        norm(f"{a}.feed_forward_norm", f"{m}.final_layer_norm")
+
+    positions = {"encoder.embed_positions.weight", "decoder.embed_positions.weight"}  # a function of d_model
+    unknown = sorted(set(state) - used - positions - {"shared.weight"})  # shared: unused where untied
+    if unknown:
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise ValueError(f"{source}: tensors aiayn does not know: {', '.join(unknown[:3])}{more}")
+    model = Transformer(model_config)
+    try:
+        model.load_state_dict(ours, strict=True)
+    except RuntimeError as e:  # a shape that does not match the config
+        raise ValueError(f"{source}: the weights do not match the config: {str(e).splitlines()[-1].strip()}") from None
+    return model.eval()
+
+
+def from_marian(module: nn.Module) -> Transformer:
+    """The aiayn ``Transformer`` of a transformers ``MarianMTModel`` (module docstring): for a
+    ``tgt`` starting with Marian's ``decoder_start_token_id``, ``from_marian(m)(src, tgt)`` equals
+    ``m(input_ids=src, decoder_input_ids=tgt).logits``, and the searches of ``aiayn.decode`` give
+    what ``m.generate`` gives."""
+    config = module.config.to_dict()
+    return from_marian_state(config, module.state_dict(), type(module).__name__)
+
+
+def _read_marian_weights(directory: Path) -> dict[str, Tensor]:
+    """The weights of a Hugging Face model directory: ``model.safetensors``, else
+    ``pytorch_model.bin`` (read with ``weights_only=True``: nothing is unpickled)."""
+    import safetensors.torch
+
+    path = directory / "model.safetensors"
+    if path.is_file():
+        try:
+            return safetensors.torch.load_file(path)
+        except Exception as e:  # safetensors raises its own error types for bad files
+            raise ValueError(f"{path}: not a readable safetensors file: {e}") from None
+    path = directory / "pytorch_model.bin"
+    if path.is_file():
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle errors, or a pickled object that is not tensors
+            lines = str(e).splitlines()
+            why = next((x for x in lines if "Unsupported global" in x), lines[0] if lines else type(e).__name__)
+            raise ValueError(f"{path}: not a readable weights file (loaded with weights_only=True): {why}") from None
+    raise FileNotFoundError(f"{directory}: no model.safetensors or pytorch_model.bin")
+
+
+def convert_marian(src_dir: str | Path, out_dir: str | Path) -> Path:
+    """Convert a Hugging Face Marian model directory (config.json, the weights, source.spm,
+    target.spm and vocab.json, as OPUS-MT models are published) into an aiayn model directory
+    (config.json, model.safetensors and the SentencePiece tokenizer) that ``aiayn translate``,
+    ``evaluate``, ``attention`` and ``train --train.init`` read. Downloads nothing."""
+    from .data.sentencepiece import SentencePieceTokenizer
+
+    src = Path(src_dir)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: not a directory")
+    path = src / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a Hugging Face model directory has one)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid JSON config: {e}") from None
+    marian_config(config, str(path))  # not Marian, or a variant aiayn cannot express: say so first
+    model = from_marian_state(config, _read_marian_weights(src), str(src))
+    tokenizer = SentencePieceTokenizer.load(src, model.config.vocab_size)
+    out = Path(out_dir)
+    model.save_pretrained(out, converted_from=f"marian: {src.resolve()}")
+    tokenizer.save(out)
+    return out

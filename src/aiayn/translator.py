@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .data.tokenizer import TOKENIZER_NAME, Tokenizer
+from .data.tokenizer import Tokenizer, load_tokenizer
 from .decode import translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
@@ -56,7 +56,8 @@ class Translator:
         quantize: str | None = None,
         options: EngineOptions | None = None,
     ) -> Translator:
-        """Load ``config.json``, ``model.safetensors`` and ``tokenizer.json`` from ``directory``.
+        """Load ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer.json``, or a
+        converted Marian model's SentencePiece files) from ``directory``.
 
         ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only);
         ``options``: the engine's choices (``aiayn.engine.EngineOptions``). Missing or
@@ -68,7 +69,7 @@ class Translator:
             raise ValueError("int8 quantization runs on the CPU only")
         directory = Path(directory)
         model = Transformer.from_pretrained(directory, device=device)
-        tokenizer = Tokenizer.load(directory / TOKENIZER_NAME, model.config.vocab_size)
+        tokenizer = load_tokenizer(directory, model.config.vocab_size)
         return cls(model, tokenizer, quantize, options)
 
     @property

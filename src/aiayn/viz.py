@@ -187,7 +187,7 @@ def translation_attention(
         sentence=sentence,
         translation=tokenizer.decode(output),
         source=tokenizer.pieces(src[0].tolist()),
-        target=tokenizer.pieces(tgt),
+        target=tokenizer.pieces(tgt, target=True),
         attention=Attention(*per_layer),  # without the batch dimension
     )
 

@@ -36,6 +36,13 @@ def test_overrides_parse_yaml_scalars_and_apply():
     assert run.train.max_steps == 100 and run.model["d_model"] == 128 and run.train.compile is True
 
 
+def test_overrides_read_scientific_notation_as_numbers():
+    """YAML 1.1 (PyYAML) reads 1e-4 without a dot as text; an override means the number."""
+    overrides = parse_overrides(["--train.lr_scale", "1e-4", "--train.adam_eps=-2.5E+3", "--data.dir", "1e4x"])
+    assert overrides == {"train.lr_scale": 1e-4, "train.adam_eps": -2500.0, "data.dir": "1e4x"}
+    assert isinstance(overrides["train.lr_scale"], float)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -20,11 +20,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-__all__ = ["Tokenizer", "SPECIAL_TOKENS", "PHRASE_TOKEN", "TOKENIZER_NAME"]
+__all__ = [
+    "Tokenizer", "SPECIAL_TOKENS", "PHRASE_TOKEN", "TOKENIZER_NAME",
+    "load_tokenizer", "save_tokenizer", "tokenizer_files",
+]  # fmt: skip
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 PHRASE_TOKEN = "<phrase>"  # id 5 where present
@@ -141,9 +145,10 @@ class Tokenizer:
             return self._encode_masked(text)[1]
         return self.hf.encode(text, add_special_tokens=False).tokens
 
-    def pieces(self, ids: Sequence[int]) -> list[str]:
+    def pieces(self, ids: Sequence[int], target: bool = False) -> list[str]:
         """One display string per id (e.g. attention-map labels): special tokens as written,
-        the space that starts a word as ``▁``, a byte that is only part of a character as ``\\xNN``."""
+        the space that starts a word as ``▁``, a byte that is only part of a character as ``\\xNN``.
+        ``target``: the ids are the target side's (one joint vocabulary here: no difference)."""
         pieces = []
         for i in ids:
             token = self.hf.id_to_token(i)
@@ -176,3 +181,29 @@ class Tokenizer:
                 f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {model_vocab_size}"
             )
         return tokenizer
+
+
+def load_tokenizer(directory: str | Path, model_vocab_size: int | None = None) -> Any:
+    """The tokenizer of a model directory: aiayn's BPE (``tokenizer.json``) or, in a model
+    converted from Marian (``aiayn convert marian``), its SentencePiece files
+    (``data.sentencepiece.SentencePieceTokenizer``). Errors name the file at fault."""
+    from .sentencepiece import SentencePieceTokenizer
+
+    if SentencePieceTokenizer.is_in(directory):
+        return SentencePieceTokenizer.load(directory, model_vocab_size)
+    return Tokenizer.load(Path(directory) / TOKENIZER_NAME, model_vocab_size)
+
+
+def save_tokenizer(tokenizer: Any, directory: str | Path) -> None:
+    """Write ``tokenizer``'s files into the model directory ``directory`` (``load_tokenizer`` reads them)."""
+    if isinstance(tokenizer, Tokenizer):
+        tokenizer.save(Path(directory) / TOKENIZER_NAME)
+    else:
+        tokenizer.save(directory)
+
+
+def tokenizer_files(directory: str | Path) -> tuple[str, ...]:
+    """The names of the tokenizer files that the model directory ``directory`` needs."""
+    from .sentencepiece import SOURCE_SPM, TARGET_SPM, VOCAB_NAME, SentencePieceTokenizer
+
+    return (SOURCE_SPM, TARGET_SPM, VOCAB_NAME) if SentencePieceTokenizer.is_in(directory) else (TOKENIZER_NAME,)

@@ -93,13 +93,15 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
     prepared = copy.deepcopy(model, memo=shared).eval()
     for layer in prepared.decoder.layers:
         layer.cross_attn = SplitCrossAttention(layer.cross_attn)
-    if prepared.output_projection is None:  # tied to the embedding: one more layer on its weight
-        prepared.engine_projection = _linear(prepared.tgt_embedding.weight, None)
+    if prepared.output_projection is None or prepared.output_bias is not None:
+        # tied to the embedding, or with an output bias: one more layer on the weight (and bias)
+        weight = (prepared.tgt_embedding if prepared.output_projection is None else prepared.output_projection).weight
+        prepared.engine_projection = _linear(weight, prepared.output_bias)
     if quantize == "int8":
         quantize_dynamic_int8(prepared)
     else:
         _pack(prepared, options)
-    if prepared.output_projection is not None:
+    if not hasattr(prepared, "engine_projection"):
         prepared.engine_projection = prepared.output_projection
     prepared.engine = options
     return prepared

@@ -74,8 +74,9 @@ class Decoding:
         logits (possibly a transposed view: use ``reshape``, not ``view``)."""
         model, cache, config = self.model, self.cache, self.model.config
         B = tokens.size(0)
-        self_mask = cache.extend_key_mask((tokens != config.pad_id)[:, None, None, None])  # (B, 1, 1, L + 1) or None
         offset = cache.length
+        start = offset == 0 and config.bos_id == config.pad_id  # Marian's start token is its padding id
+        self_mask = cache.extend_key_mask(masks.padding_mask(tokens[:, None], config.pad_id, start))  # (B, 1, 1, L + 1)
         if config.attention_window is not None:
             window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
             self_mask = window if self_mask is None else self_mask & window

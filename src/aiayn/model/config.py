@@ -15,6 +15,10 @@ What differs from the paper, and why:
 - ``suppress_ids``: target tokens the search never produces (besides padding), such as the tag
   that marks dictionary pairs' sources in training (``data.phrase_tag``); Hugging Face's
   ``suppress_tokens``.
+- ``activation="silu"`` (swish, x·σ(x)) and ``output_bias`` (a bias on the pre-softmax
+  projection, Marian's ``final_logits_bias``) exist for models converted from Marian / OPUS-MT
+  (``aiayn.interop.from_marian``), as does ``bos_id == pad_id``: Marian's decoder starts from its
+  padding token, which the decoder's padding mask then never hides at position 0.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelConfig"]
+__all__ = ["ModelConfig", "ACTIVATIONS"]
+
+ACTIVATIONS = ("relu", "gelu", "silu")  # the feed-forward network's: max(0, x) in the paper (§3.3)
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class ModelConfig:
     P_drop: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "silu"] = "relu"
     norm_first: bool = False
     final_norm: bool | None = None
     layer_norm_eps: float = 1e-5
@@ -56,6 +62,7 @@ class ModelConfig:
     max_len: int = 1024
     share_embeddings: bool = True
     tie_output: bool = True
+    output_bias: bool = False
     tgt_vocab_size: int | None = None
     attention_window: int | None = None
     pad_id: int = 0
@@ -91,8 +98,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 fail(f"{name} must be in [0, 1), got {value!r}")
-        if self.activation not in ("relu", "gelu"):
-            fail(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            fail(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}")
         if self.positional not in ("sinusoidal", "learned"):
             fail(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
         if self.layer_norm_eps <= 0:

@@ -2,7 +2,7 @@
 
 Legend: B batch, L sequence length.
 
-What differs from the paper: GELU is an option beside ReLU, and dropout after the activation
+What differs from the paper: GELU and SiLU (swish, Marian's) are options beside ReLU, and dropout after the activation
 (``activation_dropout``, default 0 as in the paper) is available.
 """
 
@@ -13,13 +13,15 @@ from torch import Tensor, nn
 
 from .dropout import Dropout
 
-__all__ = ["PositionwiseFeedForward"]
+__all__ = ["PositionwiseFeedForward", "ACTIVATION"]
+
+ACTIVATION = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}  # by ModelConfig.activation
 
 
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3, eq. 2), applied to each position alike.
 
-    Inner size d_ff (2048 in the base model); ``activation="gelu"`` replaces max(0, ·).
+    Inner size d_ff (2048 in the base model); ``activation="gelu"`` or ``"silu"`` replaces max(0, ·).
     Shape: ``(B, L, d_model) -> (B, L, d_model)``.
     """
 
@@ -27,7 +29,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)  # W1, b1
         self.linear2 = nn.Linear(d_ff, d_model)  # W2, b2
-        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.activation = ACTIVATION[activation]
         self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -20,12 +20,17 @@ from torch import Tensor
 __all__ = ["padding_mask", "causal_mask", "window_mask"]
 
 
-def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """True where a key is a real token, False where it is padding.
+def padding_mask(tokens: Tensor, pad_id: int, start: bool = False) -> Tensor:
+    """True where a key is a real token, False where it is padding. ``start``: ``tokens[:, 0]``
+    is the decoder's start token, real even where it is ``pad_id`` (Marian starts from its
+    padding token).
 
     Shape: tokens ``(B, S)`` -> ``(B, 1, 1, S)``.
     """
-    return (tokens != pad_id)[:, None, None, :]
+    real = tokens != pad_id  # (B, S)
+    if start:
+        real[:, 0] = True
+    return real[:, None, None, :]
 
 
 def causal_mask(T: int, S: int | None = None, offset: int = 0, device: torch.device | None = None) -> Tensor:

@@ -27,6 +27,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from .feed_forward import ACTIVATION
 from .layers import DecoderLayer, EncoderLayer
 from .pretrained import PretrainedMixin
 
@@ -150,12 +151,12 @@ def _decoder_self_mask(
 ) -> tuple[int | Tensor, Tensor | None]:
     """The position offset of ``tokens`` ``(B, T)`` and their masked self-attention mask
     ``(B, 1, T, length + T)``: causal (and windowed) over the cached and the new positions,
-    and no padded key."""
+    and no padded key, except the start token where it is the padding id (Marian's)."""
     T = tokens.size(1)
-    key_mask = masks.padding_mask(tokens, config.pad_id)  # (B, 1, 1, T)
+    offset = 0 if cache is None else cache.length
+    key_mask = masks.padding_mask(tokens, config.pad_id, start=offset == 0 and config.bos_id == config.pad_id)
     if cache is None:
         return 0, _and(key_mask, _self_mask(config, T, 0, True, tokens.device))
-    offset = cache.length
     key_mask = cache.extend_key_mask(key_mask)  # (B, 1, 1, length + T)
     # a single new position may attend to every cached one: no causal mask needed
     return offset, _and(key_mask, _self_mask(config, T, offset, T > 1, tokens.device))
@@ -223,12 +224,15 @@ class Transformer(PretrainedMixin, nn.Module):
         self.output_projection = (
             None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
+        # not in the paper: Marian's final_logits_bias (config.output_bias), zero until loaded
+        self.output_bias = nn.Parameter(torch.zeros(config.tgt_vocab_size)) if config.output_bias else None
         init_weights(self)
 
     def _logits(self, x: Tensor) -> Tensor:
-        if self.output_projection is None:
-            return self.tgt_embedding.project(x)  # (B, T, V)
-        return self.output_projection(x)
+        """The pre-softmax linear transformation (§3.4): ``(..., d_model) -> (..., V)``."""
+        projection = self.tgt_embedding.project if self.output_projection is None else self.output_projection
+        logits = projection(x)  # (B, T, V)
+        return logits if self.output_bias is None else logits + self.output_bias
 
     def encode(self, src: Tensor, return_attention: bool = False) -> EncoderOutput:
         """Run the encoder. Shape: src ``(B, S)`` token ids -> memory ``(B, S, d_model)``,
@@ -348,7 +352,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
+        self.activation = ACTIVATION[config.activation]
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))

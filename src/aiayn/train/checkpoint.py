@@ -32,7 +32,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
+from ..data.tokenizer import Tokenizer, save_tokenizer, tokenizer_files
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
 STATE_NAME = "trainer_state.json"
 OPTIMIZER_NAME = "optimizer.safetensors"
 RNG_NAME = "rng.safetensors"
-FILES = (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, OPTIMIZER_NAME, RNG_NAME, STATE_NAME)
+FILES = (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, RNG_NAME, STATE_NAME)  # and the tokenizer's (tokenizer_files)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], str]:
@@ -92,10 +92,12 @@ def checkpoint_problem(path: str | Path) -> str | None:
     as a pickle); None if every file is there and whole. Reads the safetensors headers, which
     say how long the data is, not the data."""
     path = Path(path)
-    for name in FILES:
+    for name in (*FILES, *tokenizer_files(path)):
         file = path / name
         if not file.is_file():
             return f"{file}: missing"
+        if name.endswith(".spm"):  # a SentencePiece model (a converted Marian model's): read when loaded
+            continue
         if name.endswith(".json"):
             try:
                 json.loads(file.read_text(encoding="utf-8"))
@@ -153,7 +155,7 @@ def save_checkpoint(
         leftover.unlink(missing_ok=True)
     final, tmp = root / name, root / f".{name}.tmp"
     model.save_pretrained(tmp)
-    tokenizer.save(tmp / TOKENIZER_NAME)
+    save_tokenizer(tokenizer, tmp)
     tensors, groups = _optimizer_tensors(optimizer)
     safetensors.torch.save_file(tensors, str(tmp / OPTIMIZER_NAME), metadata={"param_groups": groups})
     rng = {"torch": torch.get_rng_state()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from ..model.config import ModelConfig
 __all__ = ["DataConfig", "TrainConfig", "RunConfig", "TASKS", "parse_overrides"]
 
 TASKS = ("translation", "lm", "mlm")
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # a number in scientific notation
+INIT_FIELDS = ("P_drop", "attention_dropout", "activation_dropout")  # what a run changes of train.init's model
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,11 @@ class TrainConfig:
     ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
     the loss scores are untouched.
 
+    ``init`` (fine-tuning): start from the model directory ``init``, its config, weights and
+    tokenizer (an aiayn model, or an OPUS-MT model converted by ``aiayn convert marian``), not
+    from a fresh BPE and random weights. Of the run's ``model`` section only the dropout fields
+    (``P_drop``, ``attention_dropout``, ``activation_dropout``) apply; the others are the model's.
+
     ``bleu_every`` (steps; off by default): also translate the dev sources greedily and log BLEU
     and chrF (``kind: dev_bleu`` in metrics.jsonl), as fairseq's ``--eval-bleu`` does, to see what
     more time buys. Its seconds count towards ``max_time``, like the dev loss's.
@@ -132,6 +140,7 @@ class TrainConfig:
     compile: bool = False
     amp: bool | str = "auto"  # bf16 autocast: auto (where it pays: precision.py), true, false
     log_every: int = 1
+    init: str | None = None  # fine-tune the model in this directory (its config, weights, tokenizer)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_tokens", "accumulate", "warmup", "eval_every", "keep_checkpoints", "log_every"):
@@ -173,6 +182,12 @@ class RunConfig:
 
     def model_config(self, vocab_size: int, **fields: Any) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **{**self.model, **fields})
+
+    def init_config(self, **fields: Any) -> ModelConfig:
+        """The config of ``train.init``'s model, with this run's dropout fields (``TrainConfig``)."""
+        config, _ = ModelConfig.load(Path(self.train.init) / "config.json")
+        dropout = {k: v for k, v in self.model.items() if k in INIT_FIELDS}
+        return config.replace(**dropout, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,5 +273,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 value = next(it)
             except StopIteration:
                 raise ValueError(f"override {item} needs a value") from None
-        overrides[key.replace("-", "_")] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str) and _EXPONENT.fullmatch(parsed):  # YAML 1.1 reads 1e-4 (no dot) as text
+            parsed = float(parsed)
+        overrides[key.replace("-", "_")] = parsed
     return overrides

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..data.batching import ResampledBatcher, TokenBatcher, padding_fraction
-from ..data.tokenizer import TOKENIZER_NAME, Tokenizer
+from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import translate_ids
 from ..engine import prepare
 from ..evaluate import Scores, evaluate_loss, score_translations
@@ -188,13 +188,18 @@ def train(
     bpe_phrases = sample_phrases(pool_raw, run.data.phrases, len(train_raw), cfg.seed)  # what BPE sees
     draw = len(bpe_phrases)  # phrase pairs per epoch
     if checkpoint is not None:
-        tokenizer = Tokenizer.load(checkpoint / TOKENIZER_NAME)
+        tokenizer = load_tokenizer(checkpoint)
+    elif cfg.init is not None:
+        tokenizer = load_tokenizer(cfg.init)
+        say(f"fine-tuning {cfg.init}: its tokenizer, config and weights")
     else:
         bpe_raw = train_raw + bpe_phrases
         say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(bpe_raw):,} {unit} ...")
         tokenizer = Tokenizer.train(objective.texts(bpe_raw), cfg.vocab_size, phrase_tag=run.data.phrase_tag)
-        if d.main:
-            tokenizer.save(out / TOKENIZER_NAME)
+    if d.main and checkpoint is None:
+        save_tokenizer(tokenizer, out)
+    if cfg.word_dropout and not isinstance(tokenizer, Tokenizer):
+        raise ValueError("train.word_dropout needs aiayn's BPE tokenizer (its special ids), not a Marian model's")
     if run.data.phrase_tag and tokenizer.phrase_id is None:
         raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint} has no <phrase> token (made before it)")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
@@ -233,8 +238,13 @@ def train(
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     suppress = tuple(run.model.get("suppress_ids", ())) + ((tokenizer.phrase_id,) if run.data.phrase_tag else ())
-    model_config = run.model_config(tokenizer.vocab_size, suppress_ids=suppress)  # the tag is never a translation
+    if cfg.init is not None:  # fine-tuning: the model's own config, the run's dropout
+        model_config = run.init_config(**({"suppress_ids": suppress} if suppress else {}))
+    else:
+        model_config = run.model_config(tokenizer.vocab_size, suppress_ids=suppress)  # the tag is never a translation
     model = objective.model_class(model_config).to(d.device)
+    if cfg.init is not None and checkpoint is None:
+        model.load_state_dict(objective.model_class.from_pretrained(cfg.init, device=d.device).state_dict())
     if d.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -378,7 +388,7 @@ def train(
         model.load_state_dict(average_checkpoints(paths).state_dict())
     model_dir = out / "model"
     model.save_pretrained(model_dir, step=step)
-    tokenizer.save(model_dir / TOKENIZER_NAME)
+    save_tokenizer(tokenizer, model_dir)
     dev_scores = None
     if dev_examples and not translation:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
