@@ -201,7 +201,8 @@ def train(
     if cfg.word_dropout and not isinstance(tokenizer, Tokenizer):
         raise ValueError("train.word_dropout needs aiayn's BPE tokenizer (its special ids), not a Marian model's")
     if run.data.phrase_tag and tokenizer.phrase_id is None:
-        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint} has no <phrase> token (made before it)")
+        made = "made before it" if cfg.init is None else f"{cfg.init}'s; set data.phrase_tag false"
+        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or cfg.init} has no <phrase> token ({made})")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
     say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
     dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
