@@ -12,7 +12,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 DING := /usr/share/trans/de-en
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
-.PHONY: install ding demo test lint bench clean copy-demo
+.PHONY: install ding browser demo test lint bench clean copy-demo
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,13 @@ ding:
 		(apt-get install -y -qq trans-de-en || (apt-get update -qq && apt-get install -y -qq trans-de-en)) >/dev/null; \
 	fi
 
+# Headless Chromium for the explorer's browser test (tests/test_explorer.py, skipped without it),
+# installed where apt and root are at hand, as the dictionary is.
+browser:
+	@if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq chromium || (apt-get update -qq && apt-get install -y -qq chromium)) >/dev/null; \
+	fi
+
 data/ding/train.de: | install ding
 	$(AIAYN) data ding --out data/ding
 
@@ -48,7 +55,7 @@ demo: install ding data/ding/train.de
 copy-demo: install
 	$(AIAYN) copy-task
 
-test: install ding
+test: install ding browser
 	$(PY) -m pytest
 
 lint: install

@@ -339,6 +339,26 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ValueError("aiayn serve needs starlette and uvicorn: pip install 'aiayn[serve]'") from None
+    from .data.tokenizer import load_tokenizer
+    from .engine import EngineOptions
+    from .model import Transformer
+    from .serve import ServeOptions, serve
+    from .translator import Translator
+
+    model = Transformer.from_pretrained(args.model, device=args.device or "cpu").eval()
+    tokenizer = load_tokenizer(args.model, model.config.vocab_size)
+    translator = Translator(model, tokenizer, args.quantize, EngineOptions.from_environ())
+    options = ServeOptions(max_texts=args.max_texts, max_chars=args.max_chars, max_queue=args.max_queue)
+    serve(translator, model, args.host, args.port, options)
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .interop import convert_marian
 
@@ -374,6 +394,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .serve import ServeOptions as ServeDefaults
     from .tasks import CopyTask
 
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of 'Attention Is All You Need'.")
@@ -526,6 +547,26 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("checkpoints", nargs="+", help="checkpoint directories")
     average.add_argument("--out", required=True, help="directory for the averaged model")
     average.set_defaults(func=_average)
+
+    server = sub.add_parser(
+        "serve", help="an HTTP translation server (POST /translate) and an attention explorer (GET /)"
+    )
+    server.add_argument("--model", required=True, metavar="DIR", help="model directory")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    server.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    defaults = ServeDefaults()
+    server.add_argument(
+        "--max-texts", type=_positive_int, default=defaults.max_texts, help="texts per request (%(default)s)"
+    )
+    server.add_argument(
+        "--max-chars", type=_positive_int, default=defaults.max_chars, help="characters per text (%(default)s)"
+    )
+    server.add_argument(
+        "--max-queue", type=_positive_int, default=defaults.max_queue, help="texts waiting (%(default)s)"
+    )
+    server.add_argument("--quantize", choices=["int8"], help="dynamic int8 products (CPU)")
+    server.add_argument("--device", help="cpu (default), cuda, ...")
+    server.set_defaults(func=_serve)
 
     convert = sub.add_parser("convert", help="convert a model of another toolkit into an aiayn model directory")
     kinds = convert.add_subparsers(dest="kind", required=True)

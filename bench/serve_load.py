@@ -1,0 +1,147 @@
+"""Load on ``aiayn serve``: 1, 8 and 32 concurrent clients over the Ding test split, against
+``aiayn translate`` on the same file (issue 27).
+
+The server runs as its own process (``aiayn serve``, as deployed); each client sends one sentence
+per ``POST /translate`` (beam 4, the defaults) and sends the next when its answer comes, the
+clients taking the split's lines in turn. Reported per number of clients: sentences per second
+and its ratio to ``aiayn translate`` (``Translator.translate`` over the whole file in this process,
+before the server starts: what the command does after loading the model; goal >= 0.7x at 32
+clients), p50 and p99 latency, errors (goal: none), and whether every answer equals the
+command's translation of that line. Clients and server share the machine's cores: on a 2-core
+CPU the clients' own work counts against the server.
+
+    python bench/serve_load.py --model runs/ding/model [--data data/ding] [--clients 1 8 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from aiayn import Translator
+from aiayn.data.corpus import read_lines
+from common import machine, table, write_result
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+async def load(url: str, lines: list[str], clients: int, beam: int) -> dict:
+    """``clients`` clients through ``lines``, one sentence per request: answers, latencies, errors."""
+    answers: list[str | None] = [None] * len(lines)
+    latencies: list[float] = []
+    errors: list[str] = []
+    nxt = iter(range(len(lines)))
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for i in nxt:
+            start = time.perf_counter()
+            try:
+                response = await http.post("/translate", json={"texts": [lines[i]], "beam": beam})
+            except httpx.HTTPError as e:
+                errors.append(f"line {i + 1}: {type(e).__name__}: {e}")
+                continue
+            latencies.append(time.perf_counter() - start)
+            if response.status_code != 200:
+                errors.append(f"line {i + 1}: {response.status_code} {response.text[:200]}")
+            else:
+                answers[i] = response.json()["translations"][0]
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        seconds = time.perf_counter() - start
+    return {"answers": answers, "latencies": latencies, "errors": errors, "seconds": seconds}
+
+
+def start_server(model: str, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--max-queue", "4096"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"aiayn serve exited: {server.stderr.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError("aiayn serve did not answer /health within 120 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a model directory (e.g. the demo's runs/ding/model)")
+    parser.add_argument("--data", default="data/ding", help="directory of the Ding splits (default %(default)s)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+
+    lines = list(read_lines(Path(args.data) / f"{args.split}.de"))
+    translator = Translator.from_pretrained(args.model)
+    translator.translate(lines[:50], beam=args.beam)  # warm-up: kernels built, caches touched
+    start = time.perf_counter()
+    reference = translator.translate(lines, beam=args.beam)
+    baseline = len(lines) / (time.perf_counter() - start)
+    del translator
+    print(f"aiayn translate: {len(lines)} lines, {baseline:.1f} sentences/s (beam {args.beam})")
+
+    server = start_server(args.model, args.port)
+    url = f"http://127.0.0.1:{args.port}"
+    rows = []
+    try:
+        asyncio.run(load(url, lines[:32], 8, args.beam))  # warm-up of the server
+        for clients in args.clients:
+            run = asyncio.run(load(url, lines, clients, args.beam))
+            same = sum(a == r for a, r in zip(run["answers"], reference, strict=True))
+            throughput = len(lines) / run["seconds"]
+            rows.append({
+                "clients": clients,
+                "sentences_per_s": round(throughput, 1),
+                "ratio": round(throughput / baseline, 3),
+                "p50_ms": round(1000 * percentile(run["latencies"], 0.5), 1),
+                "p99_ms": round(1000 * percentile(run["latencies"], 0.99), 1),
+                "errors": len(run["errors"]),
+                "same_as_translate": f"{same}/{len(lines)}",
+            })  # fmt: skip
+            print(f"{clients} clients: {throughput:.1f} sentences/s, errors {len(run['errors'])}", flush=True)
+            for error in run["errors"][:5]:
+                print("  ", error)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    columns = [
+        ("clients", "clients"), ("sentences_per_s", "sentences/s"), ("ratio", "× aiayn translate"),
+        ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("errors", "errors"), ("same_as_translate", "same output"),
+    ]  # fmt: skip
+    print(f"\naiayn translate on {args.split}.de: {baseline:.1f} sentences/s (beam {args.beam})\n")
+    print(table(rows, columns))
+    result = {
+        "machine": machine(),
+        "model": args.model,
+        "lines": len(lines),
+        "beam": args.beam,
+        "translate_sentences_per_s": round(baseline, 1),
+        "rows": rows,
+        "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
+        "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
+    }
+    print(f"\nwritten to {write_result('serve_load', result)}")
+
+
+if __name__ == "__main__":
+    main()

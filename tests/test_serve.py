@@ -1,0 +1,191 @@
+"""aiayn serve: /translate gives what `aiayn translate` gives, concurrent requests are batched
+together, bad input gets a 4xx JSON error and the server keeps serving, a full queue answers
+503, a client that goes away mid-request harms nobody; /attention is translation_attention."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from aiayn.cli import _one_line, main  # noqa: E402
+from aiayn.data.tokenizer import load_tokenizer  # noqa: E402
+from aiayn.model import Transformer  # noqa: E402
+from aiayn.serve import Batcher, ServeOptions, create_app  # noqa: E402
+from aiayn.translator import Translator  # noqa: E402
+from aiayn.viz import translation_attention  # noqa: E402
+from serve_helpers import SENTENCES, make_model_dir, running_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def app_for(model_dir, **options):
+    model = Transformer.from_pretrained(model_dir).eval()
+    translator = Translator(model, load_tokenizer(model_dir, model.config.vocab_size))
+    return create_app(translator, model, ServeOptions(**options))
+
+
+@pytest.fixture(scope="module")
+def client(model_dir):
+    with TestClient(app_for(model_dir)) as client:
+        yield client
+
+
+def cli_translate(model_dir, capsys, texts, *options) -> list[str]:
+    """What `aiayn translate` prints for ``texts``: a line each (``_one_line``)."""
+    capsys.readouterr()
+    assert main(["translate", "--model", str(model_dir), *options, *texts]) == 0
+    return capsys.readouterr().out.split("\n")[:-1]
+
+
+@pytest.mark.parametrize("options", [{}, {"beam": 1}, {"beam": 3, "alpha": 1.0, "max_len_a": 5}])
+def test_translate_equals_the_translate_command(client, model_dir, capsys, options):
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    expected = cli_translate(model_dir, capsys, SENTENCES, *flags)
+    response = client.post("/translate", json={"texts": SENTENCES, **options})
+    assert response.status_code == 200
+    translations = response.json()["translations"]
+    assert [_one_line(t) for t in translations] == expected  # the command prints each as one line
+    translator = Translator.from_pretrained(model_dir)
+    search = {"beam": 4, "alpha": 0.6, **options}
+    assert translations == translator.translate(SENTENCES, **search)  # the text itself, control characters too
+    assert len({len(t) for t in expected}) > 2  # outputs of different lengths: a mix-up would show
+
+
+def test_health(client):
+    assert client.get("/health").json() == {"status": "ok", "queued": 0}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"{not json", 400, "the body is not JSON"),
+        (b'["a list"]', 422, "must be a JSON object"),
+        (b"{}", 422, "the body needs texts"),
+        (json.dumps({"texts": "one string"}).encode(), 422, "texts must be a list of strings"),
+        (json.dumps({"texts": ["ok", 3]}).encode(), 422, "texts must be a list of strings"),
+        (json.dumps({"texts": []}).encode(), 422, "texts is empty"),
+        (json.dumps({"texts": ["a"], "beam": 0}).encode(), 422, "beam must be an integer >= 1"),
+        (json.dumps({"texts": ["a"], "beam": 2.5}).encode(), 422, "beam must be an integer >= 1"),
+        (json.dumps({"texts": ["a"], "beam": True}).encode(), 422, "beam must be an integer >= 1"),
+        (json.dumps({"texts": ["a"], "alpha": "high"}).encode(), 422, "alpha must be a number >= 0.0"),
+        (json.dumps({"texts": ["a"], "beam": 99}).encode(), 422, "beam must be at most 16"),
+        (json.dumps({"texts": ["a"], "bean": 4}).encode(), 422, "unknown field 'bean'"),
+        (json.dumps({"texts": ["a"] * 65}).encode(), 413, "65 texts, at most 64 per request"),
+        (json.dumps({"texts": ["ok", "x" * 2001]}).encode(), 413, "texts[1]: 2001 characters, at most 2000"),
+    ],
+)
+def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(client, body, status, message):
+    response = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    assert message in response.json()["error"]
+    assert client.post("/translate", json={"texts": ["Das Haus ist groß."]}).status_code == 200
+
+
+def test_concurrent_requests_are_batched_together(model_dir, capsys):
+    """32 clients at once: fewer model calls than requests, each answer its own text's translation."""
+    app = app_for(model_dir, window_ms=50)
+    batcher: Batcher = app.state.batcher
+    calls = []
+    translate = batcher._translate
+    batcher._translate = lambda texts, search: calls.append(len(texts)) or translate(texts, search)
+    texts = [SENTENCES[i % len(SENTENCES)] + " " * (i // len(SENTENCES)) for i in range(32)]
+    expected = dict(zip(SENTENCES, cli_translate(model_dir, capsys, SENTENCES, "--beam", "1"), strict=True))
+
+    async def clients(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            responses = await asyncio.gather(*(http.post("/translate", json={"texts": [t], "beam": 1}) for t in texts))
+        return [r.json()["translations"][0] for r in responses]
+
+    with running_server(app) as url:
+        answers = asyncio.run(clients(url))
+    assert answers == [expected[t.strip()] for t in texts]
+    assert sum(calls) == 32 and len(calls) < 8, calls
+
+
+def test_a_full_queue_answers_503_and_frees_up(model_dir):
+    app = app_for(model_dir, max_queue=4)
+    batcher: Batcher = app.state.batcher
+    release = threading.Event()
+    with running_server(app) as url:
+
+        async def scenario():
+            blocker = asyncio.ensure_future(batcher.call(release.wait))  # the model's thread is busy
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                waiting = asyncio.ensure_future(http.post("/translate", json={"texts": SENTENCES[:4]}))
+                while batcher.queued < 4:
+                    await asyncio.sleep(0.01)
+                refused = await http.post("/translate", json={"texts": ["Die Katze schläft."]})
+                health = await http.get("/health")
+                release.set()
+                await blocker
+                return refused, health, await waiting
+
+        refused, health, waited = asyncio.run(scenario())
+        assert refused.status_code == 503 and "busy" in refused.json()["error"]
+        assert health.json() == {"status": "ok", "queued": 4}  # the event loop answers while the model works
+        assert waited.status_code == 200 and len(waited.json()["translations"]) == 4
+        assert httpx.get(f"{url}/health").json()["queued"] == 0
+
+
+def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    release = threading.Event()
+    with running_server(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+
+        async def scenario():
+            blocker = asyncio.ensure_future(batcher.call(release.wait))
+            body = json.dumps({"texts": SENTENCES}).encode()
+            head = (
+                "POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            for partial in (False, True):  # gone while its texts wait; gone halfway through its body
+                with socket.create_connection((host, int(port))) as s:
+                    s.sendall(head.encode() + (body[:10] if partial else body))
+                    await asyncio.sleep(0.1)
+            release.set()
+            await blocker
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                return await http.post("/translate", json={"texts": SENTENCES[:2]}), await http.get("/health")
+
+        answer, _ = asyncio.run(scenario())
+        assert answer.status_code == 200 and len(answer.json()["translations"]) == 2
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{url}/health").json()["queued"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(f"{url}/health").json() == {"status": "ok", "queued": 0}
+
+
+def test_attention_is_translation_attention(client, model_dir):
+    model = Transformer.from_pretrained(model_dir).eval()
+    expected = translation_attention(model, load_tokenizer(model_dir), SENTENCES[0])
+    answer = client.post("/attention", json={"text": SENTENCES[0]}).json()
+    assert (answer["translation"], answer["source"], answer["target"]) == (
+        expected.translation, expected.source, expected.target,
+    )  # fmt: skip
+    for kind, ours in zip(("encoder", "decoder_self", "decoder_cross"), expected.attention, strict=True):
+        assert len(answer[kind]) == len(ours)
+        for layer, weights in zip(answer[kind], ours, strict=True):
+            assert layer == weights.tolist()
+    assert client.post("/attention", json={"text": ""}).status_code == 422
+    assert client.post("/attention", json={"texts": ["a"]}).status_code == 422
+
+
+def test_the_explorer_page_is_served(client):
+    response = client.get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    assert 'id="show-attention"' in response.text and "/attention" in response.text
