@@ -1,9 +1,5 @@
 """Shared by the server tests (``tests/test_serve.py``, ``tests/test_explorer.py``): a tiny model
-directory whose translations end at different lengths, and ``aiayn serve`` running in a thread."""
-
-import contextlib
-import threading
-import time
+directory whose translations end at different lengths."""
 
 import torch
 
@@ -28,24 +24,3 @@ def make_model_dir(directory):
     model.save_pretrained(directory)
     tokenizer.save(directory / TOKENIZER_NAME)
     return directory
-
-
-@contextlib.contextmanager
-def running_server(app):
-    """Serve ``app`` with uvicorn on a free local port in a thread; yields its base URL."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

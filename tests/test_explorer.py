@@ -16,10 +16,10 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright f
 from aiayn.cli import main  # noqa: E402
 from aiayn.data.tokenizer import load_tokenizer  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
-from aiayn.serve import ServeOptions, create_app  # noqa: E402
+from aiayn.serve import ServeOptions, create_app, serving  # noqa: E402
 from aiayn.translator import Translator  # noqa: E402
 from aiayn.viz import translation_attention  # noqa: E402
-from serve_helpers import make_model_dir, running_server  # noqa: E402
+from serve_helpers import make_model_dir  # noqa: E402
 
 
 def chromium() -> str | None:
@@ -46,7 +46,7 @@ def page(model_dir):
     model = Transformer.from_pretrained(model_dir).eval()
     translator = Translator(model, load_tokenizer(model_dir, model.config.vocab_size))
     app = create_app(translator, model, ServeOptions())
-    with running_server(app) as url, playwright_api.sync_playwright() as p:
+    with serving(app) as url, playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), headless=True)
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.goto(url)

@@ -19,10 +19,10 @@ from starlette.testclient import TestClient  # noqa: E402
 from aiayn.cli import _one_line, main  # noqa: E402
 from aiayn.data.tokenizer import load_tokenizer  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
-from aiayn.serve import Batcher, ServeOptions, create_app  # noqa: E402
+from aiayn.serve import Batcher, ServeOptions, create_app, serving  # noqa: E402
 from aiayn.translator import Translator  # noqa: E402
 from aiayn.viz import translation_attention  # noqa: E402
-from serve_helpers import SENTENCES, make_model_dir, running_server  # noqa: E402
+from serve_helpers import SENTENCES, make_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_concurrent_requests_are_batched_together(model_dir, capsys):
             responses = await asyncio.gather(*(http.post("/translate", json={"texts": [t], "beam": 1}) for t in texts))
         return [r.json()["translations"][0] for r in responses]
 
-    with running_server(app) as url:
+    with serving(app) as url:
         answers = asyncio.run(clients(url))
     assert answers == [expected[t.strip()] for t in texts]
     assert sum(calls) == 32 and len(calls) < 8, calls
@@ -118,7 +118,7 @@ def test_a_full_queue_answers_503_and_frees_up(model_dir):
     app = app_for(model_dir, max_queue=4)
     batcher: Batcher = app.state.batcher
     release = threading.Event()
-    with running_server(app) as url:
+    with serving(app) as url:
 
         async def scenario():
             blocker = asyncio.ensure_future(batcher.call(release.wait))  # the model's thread is busy
@@ -143,7 +143,7 @@ def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
     release = threading.Event()
-    with running_server(app) as url:
+    with serving(app) as url:
         host, port = url.removeprefix("http://").split(":")
 
         async def scenario():

@@ -38,7 +38,7 @@ from typing import Any
 from .model import Transformer
 from .translator import Translator
 
-__all__ = ["ServeOptions", "Batcher", "create_app", "serve"]
+__all__ = ["ServeOptions", "Batcher", "create_app", "serve", "serving"]
 
 SEARCH_FIELDS = {"beam": (int, 1), "alpha": (float, 0.0), "max_len_a": (int, 0), "no_repeat_ngram_size": (int, 0)}
 
@@ -308,3 +308,28 @@ def serve(
     import uvicorn
 
     uvicorn.run(create_app(translator, model, options), host=host, port=port, log_level="info")
+
+
+@contextlib.contextmanager
+def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> Any:
+    """Serve ``app`` with uvicorn in a background thread (``port=0``: a free one) while the
+    ``with`` block runs; yields the base URL (for tests, notebooks, scripts)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
