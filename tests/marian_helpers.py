@@ -40,16 +40,17 @@ def train_spm(texts: list[str]) -> bytes:
     return model.getvalue()
 
 
-def marian_vocab(spm: bytes) -> dict[str, int]:
-    """A vocab.json as OPUS-MT's read: ``</s>`` 0, ``<unk>`` 1, the language codes, the pieces,
-    ``<pad>`` last (no spm control pieces: Marian's ids are not SentencePiece's)."""
-    processor = sentencepiece.SentencePieceProcessor()
-    processor.LoadFromSerializedProto(spm)
-    pieces = [
-        processor.id_to_piece(i)
-        for i in range(processor.get_piece_size())
-        if not (processor.is_control(i) or processor.is_unknown(i))
-    ]
+def marian_vocab(*spms: bytes) -> dict[str, int]:
+    """A vocab.json as OPUS-MT's read: ``</s>`` 0, ``<unk>`` 1, the language codes, the pieces
+    of every model in ``spms`` (a bilingual model's source and target, joined), ``<pad>`` last (no
+    spm control pieces: Marian's ids are not SentencePiece's)."""
+    pieces: dict[str, None] = {}
+    for spm in spms:
+        processor = sentencepiece.SentencePieceProcessor()
+        processor.LoadFromSerializedProto(spm)
+        for i in range(processor.get_piece_size()):
+            if not (processor.is_control(i) or processor.is_unknown(i)):
+                pieces[processor.id_to_piece(i)] = None
     tokens = ["</s>", "<unk>", *CODES, *pieces, "<pad>"]
     return {token: i for i, token in enumerate(tokens)}
 

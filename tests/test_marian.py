@@ -182,16 +182,17 @@ def test_start_token_is_padding_yet_attended():
 
 @pytest.fixture(scope="module")
 def spm_files(tmp_path_factory):
-    """A SentencePiece model and an OPUS-MT-style vocab.json (``</s>`` 0, ``<unk>`` 1, ``<pad>`` last)."""
-    spm = train_spm(lines(f"{GERMAN} {ENGLISH}", 0))
-    return spm, marian_vocab(spm)
+    """A source and a target SentencePiece model (German-like, English-like) and their joint
+    OPUS-MT-style vocab.json (``</s>`` 0, ``<unk>`` 1, ``<pad>`` last)."""
+    source, target = train_spm(lines(f"{GERMAN} {ENGLISH}", 0)), train_spm(lines(ENGLISH, 1))
+    return source, target, marian_vocab(source, target)
 
 
 @pytest.fixture(scope="module")
 def trained(spm_files):
     """A Marian model (the OPUS-MT layout) of this vocabulary, every parameter random, then trained
     300 steps to reverse random id sequences (~4 s): its outputs end in EOS at many lengths."""
-    _, vocab = spm_files
+    *_, vocab = spm_files
     V = len(vocab)
     torch.manual_seed(0)
     config = marian_config(V, **SHAPES["shared-swish"])
@@ -248,10 +249,10 @@ def test_beam_equals_generate(trained, K, engine):
 def hf_dir(trained, spm_files, tmp_path_factory):
     """A Hugging Face Marian directory, as OPUS-MT publishes them: config.json, model.safetensors,
     source.spm, target.spm, vocab.json."""
-    spm, vocab = spm_files
+    source, target, vocab = spm_files
     directory = tmp_path_factory.mktemp("opus-mt-xx-yy")
     trained.save_pretrained(directory)
-    write(directory, spm, spm, vocab)
+    write(directory, source, target, vocab)
     return directory
 
 
@@ -273,8 +274,25 @@ def hf_translate(hf_dir, m, texts: list[str], beam: int) -> list[str]:
     for text in texts:
         src = torch.tensor([tokenizer(text).input_ids])
         (ids,) = hf_generate(m, src, beam, max_new_tokens=src.size(1) + 50)
-        out.append(tokenizer.decode(ids, skip_special_tokens=True))
+        # the target model (transformers decodes with the source one unless told: a quirk)
+        out.append(tokenizer.decode(ids, skip_special_tokens=True, use_source_tokenizer=False))
     return out
+
+
+def test_perplexity_of_references_is_marians(hf_dir, trained, converted):
+    """References are split by target.spm, as MarianTokenizer(text_target=...) splits them, and
+    scored by the same model: the perplexity equals exp(mean NLL) of transformers' loss."""
+    references = ["the house is nice today.", "the weather is not big.", "sweet apples and oil", "Größe 42!"]
+    tokenizer = marian(hf_dir)
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for source, reference in zip(SENTENCES, references, strict=True):
+            batch = tokenizer(source, text_target=reference, return_tensors="pt")
+            loss = trained(**batch).loss  # mean over the reference's tokens, EOS included
+            nll, count = nll + float(loss) * batch["labels"].numel(), count + batch["labels"].numel()
+    expected = math.exp(nll / count)
+    assert Translator.from_pretrained(converted).perplexity(SENTENCES, references) == pytest.approx(expected, rel=1e-5)
+    assert tokenizer(text_target=references[3]).input_ids != tokenizer(references[3]).input_ids  # two models
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -354,6 +372,10 @@ def test_fine_tuning_starts_from_the_converted_model(converted, tmp_path):
     assert type(tuned.tokenizer).__name__ == "SentencePieceTokenizer"
     tuned = Transformer.from_pretrained(tmp_path / "tuned" / "model")
     assert any(not torch.equal(a, b) for a, b in zip(start.parameters(), tuned.parameters(), strict=True))
+    # a resumed run goes on with its checkpoint's model, --train.init given or not
+    resume = ["--out", str(tmp_path / "tuned"), "--resume", "--train.max_steps", "3", "--train.amp", "false"]
+    assert main(["train", "--config", str(config), *resume]) == 0
+    assert Transformer.from_pretrained(tmp_path / "tuned" / "model").config == tuned.config
 
 
 # Errors -------------------------------------------------------------------------------------------
@@ -388,6 +410,45 @@ def test_variants_aiayn_cannot_express_are_named(hf_dir, tmp_path, change, messa
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, **change}))
     assert message in convert_fails(capsys, directory, tmp_path / "out")
+
+
+def test_config_fields_left_out_take_marians_defaults(trained):
+    """A config.json without activation_function is GELU to transformers (MarianConfig's default)."""
+    config = {k: v for k, v in trained.config.to_dict().items() if k != "activation_function"}
+    assert transformers.MarianConfig(**config).activation_function == "gelu"
+    assert from_marian_state(config, trained.state_dict()).config.activation == "gelu"
+    with pytest.raises(ValueError, match=r"eos_token_id=\[0, 3\]: aiayn takes one token id"):
+        from_marian_state({**config, "eos_token_id": [0, 3]}, trained.state_dict())
+
+
+def test_a_stored_positional_table_must_be_the_sinusoid(trained):
+    """transformers uses a checkpoint's stored table: aiayn checks it is the formula it rebuilds."""
+    config, state = trained.config.to_dict(), dict(trained.state_dict())
+    table = state["model.encoder.embed_positions.weight"]
+    from_marian_state(config, state)  # transformers' own table passes
+    state["model.encoder.embed_positions.weight"] = table + 1e-3 * torch.randn(table.shape)
+    with pytest.raises(ValueError, match=r"encoder\.embed_positions\.weight is not Marian's sinusoidal table"):
+        from_marian_state(config, state)
+
+
+def test_separate_vocabularies_with_a_larger_target_convert(spm_files, tmp_path):
+    source, target, _ = spm_files
+    vocab, target_vocab = marian_vocab(source), marian_vocab(source, target)
+    assert len(target_vocab) > len(vocab)
+    config = marian_config(len(vocab), **SHAPES["separate-gelu"])
+    config.decoder_vocab_size, config.pad_token_id = len(target_vocab), len(vocab) - 1
+    config.decoder_start_token_id = config.pad_token_id
+    m = randomize_marian_(transformers.MarianMTModel(config).eval())
+    m.save_pretrained(tmp_path / "hf")
+    write(tmp_path / "hf", source, target, vocab, target_vocab)
+    assert main(["convert", "marian", str(tmp_path / "hf"), str(tmp_path / "out")]) == 0
+    translator = Translator.from_pretrained(tmp_path / "out")
+    assert translator.model.config.tgt_vocab_size == len(target_vocab)
+    src = sources(m.config)
+    with torch.no_grad():
+        expected = m(input_ids=src, attention_mask=src != config.pad_token_id, decoder_input_ids=src[:, :4]).logits
+        got = Transformer.from_pretrained(tmp_path / "out")(src, src[:, :4])
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
 def test_unknown_or_missing_tensors_are_named(trained):

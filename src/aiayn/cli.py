@@ -82,7 +82,8 @@ def _load_model(directory: str, architecture: str = "Transformer"):
     from .data.tokenizer import load_tokenizer
 
     model = getattr(models, architecture).from_pretrained(directory).eval()
-    return model, load_tokenizer(directory, model.config.vocab_size)
+    config = model.config
+    return model, load_tokenizer(directory, config.vocab_size, getattr(config, "tgt_vocab_size", None))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -352,7 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .translator import Translator
 
     model = Transformer.from_pretrained(args.model, device=args.device or "cpu").eval()
-    tokenizer = load_tokenizer(args.model, model.config.vocab_size)
+    tokenizer = load_tokenizer(args.model, model.config.vocab_size, model.config.tgt_vocab_size)
     translator = Translator(model, tokenizer, args.quantize, EngineOptions.from_environ())
     options = ServeOptions(max_texts=args.max_texts, max_chars=args.max_chars, max_queue=args.max_queue)
     serve(translator, model, args.host, args.port, options)

@@ -132,6 +132,14 @@ def load_torch_transformer(model: Transformer | EncoderOnly, module: nn.Transfor
 # Hugging Face Marian (OPUS-MT) ------------------------------------------------------------------
 
 _MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}
+# transformers' MarianConfig defaults, for a config.json that leaves a field out (as transformers reads it)
+_MARIAN_DEFAULTS = {
+    "vocab_size": 58101, "decoder_vocab_size": None, "max_position_embeddings": 1024, "encoder_layers": 12,
+    "encoder_ffn_dim": 4096, "encoder_attention_heads": 16, "decoder_layers": 12, "decoder_ffn_dim": 4096,
+    "decoder_attention_heads": 16, "activation_function": "gelu", "d_model": 1024, "dropout": 0.1,
+    "attention_dropout": 0.0, "activation_dropout": 0.0, "decoder_start_token_id": 58100, "scale_embedding": False,
+    "pad_token_id": 58100, "eos_token_id": 0, "share_encoder_decoder_embeddings": True,
+}  # fmt: skip
 # options of older Marian configs that describe models aiayn (and transformers' MarianMTModel) do
 # not compute: the value each must have
 _MARIAN_FIXED = {
@@ -151,6 +159,10 @@ def marian_config(config: Mapping[str, Any], source: str = "config.json") -> Mod
     model_type = config.get("model_type")
     if model_type != "marian":
         fail(f"model_type {model_type!r}, not 'marian': not a Marian (OPUS-MT) model")
+    config = {**_MARIAN_DEFAULTS, **{k: v for k, v in config.items() if v is not None or k not in _MARIAN_DEFAULTS}}
+    for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+        if not isinstance(config[name], int) or isinstance(config[name], bool):
+            fail(f"{name}={config[name]!r}: aiayn takes one token id")
     for name, value in _MARIAN_FIXED.items():
         if name in config and bool(config[name]) != value:
             fail(f"{name}={config[name]!r}: aiayn converts Marian models with {name}={value} only")
@@ -159,15 +171,15 @@ def marian_config(config: Mapping[str, Any], source: str = "config.json") -> Mod
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if config[a] != config[b]:
             fail(f"{a}={config[a]} and {b}={config[b]} differ; aiayn's encoder and decoder share h and d_ff")
-    activation = _MARIAN_ACTIVATIONS.get(config.get("activation_function", "swish"))
+    activation = _MARIAN_ACTIVATIONS.get(config["activation_function"])
     if activation is None:
         known = ", ".join(_MARIAN_ACTIVATIONS)
         fail(f"activation_function {config['activation_function']!r} is not one of {known}")
     if config["d_model"] % 2:
         fail(f"d_model={config['d_model']} is odd; the sinusoidal encodings need an even d_model")
-    share = bool(config.get("share_encoder_decoder_embeddings", True))
+    share = bool(config["share_encoder_decoder_embeddings"])
     vocab_size = config["vocab_size"]
-    tgt_vocab_size = vocab_size if share else config.get("decoder_vocab_size") or vocab_size
+    tgt_vocab_size = vocab_size if share else config["decoder_vocab_size"] or vocab_size
     return ModelConfig(
         vocab_size=vocab_size,
         tgt_vocab_size=tgt_vocab_size,
@@ -176,17 +188,25 @@ def marian_config(config: Mapping[str, Any], source: str = "config.json") -> Mod
         d_model=config["d_model"],
         d_ff=config["encoder_ffn_dim"],
         h=config["encoder_attention_heads"],
-        P_drop=float(config.get("dropout", 0.1)),
-        attention_dropout=float(config.get("attention_dropout", 0.0)),
-        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        P_drop=float(config["dropout"]),
+        attention_dropout=float(config["attention_dropout"]),
+        activation_dropout=float(config["activation_dropout"]),
         activation=activation,
-        max_len=config.get("max_position_embeddings", 512),
+        max_len=config["max_position_embeddings"],
         share_embeddings=share,  # from_marian_state checks the weights: untied matrices load as such
         output_bias=True,
         pad_id=config["pad_token_id"],
-        bos_id=config.get("decoder_start_token_id", config["pad_token_id"]),
+        bos_id=config["decoder_start_token_id"],
         eos_id=config["eos_token_id"],
     )
+
+
+def _marian_sinusoid(length: int, d_model: int) -> Tensor:
+    """Marian's positional table: sin(pos / 10000^(2i/d_model)) in dimension i < d_model/2, the
+    cosine in d_model/2 + i (§3.5's encodings, in halves): ``(length, d_model)``."""
+    from .model.embedding import sinusoidal_encoding
+
+    return sinusoidal_encoding(length, d_model)[:, torch.argsort(_halves_to_interleaved(d_model))]
 
 
 def _halves_to_interleaved(d_model: int) -> Tensor:
@@ -265,7 +285,12 @@ def from_marian_state(
         feed_forward(a, m)
         norm(f"{a}.feed_forward_norm", f"{m}.final_layer_norm")
 
-    positions = {"encoder.embed_positions.weight", "decoder.embed_positions.weight"}  # a function of d_model
+    positions = {"encoder.embed_positions.weight", "decoder.embed_positions.weight"}
+    for name in positions & set(state):  # transformers uses a stored table: it must be the sinusoid
+        table = state[name].detach().float()
+        expected = _marian_sinusoid(table.size(0), model_config.d_model)
+        if table.shape != expected.shape or not torch.allclose(table, expected, atol=1e-5):
+            raise ValueError(f"{source}: {name} is not Marian's sinusoidal table; aiayn cannot load learned positions")
     unknown = sorted(set(state) - used - positions - {"shared.weight"})  # shared: unused where untied
     if unknown:
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
@@ -328,7 +353,7 @@ def convert_marian(src_dir: str | Path, out_dir: str | Path) -> Path:
         raise ValueError(f"{path}: not a valid JSON config: {e}") from None
     marian_config(config, str(path))  # not Marian, or a variant aiayn cannot express: say so first
     model = from_marian_state(config, _read_marian_weights(src), str(src))
-    tokenizer = SentencePieceTokenizer.load(src, model.config.vocab_size)
+    tokenizer = SentencePieceTokenizer.load(src, model.config.vocab_size, model.config.tgt_vocab_size)
     out = Path(out_dir)
     model.save_pretrained(out, converted_from=f"marian: {src.resolve()}")
     tokenizer.save(out)

@@ -69,7 +69,7 @@ class Translator:
             raise ValueError("int8 quantization runs on the CPU only")
         directory = Path(directory)
         model = Transformer.from_pretrained(directory, device=device)
-        tokenizer = load_tokenizer(directory, model.config.vocab_size)
+        tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
         return cls(model, tokenizer, quantize, options)
 
     @property
@@ -83,9 +83,10 @@ class Translator:
         self._warn_truncated(too_long, no_grad=False)
         return ids
 
-    def _encode(self, sentences: Sequence[str]) -> tuple[list[list[int]], int]:
-        """Token ids truncated to ``max_source_tokens``, and how many were truncated."""
-        ids = self.tokenizer.encode_batch(list(sentences))
+    def _encode(self, sentences: Sequence[str], target: bool = False) -> tuple[list[list[int]], int]:
+        """Token ids (of target-side text with ``target``) truncated to ``max_source_tokens``, and
+        how many were truncated."""
+        ids = self.tokenizer.encode_batch(list(sentences), target=target)
         limit = self.max_source_tokens
         return [x[:limit] for x in ids], sum(len(x) > limit for x in ids)
 
@@ -217,7 +218,8 @@ class Translator:
         """exp(mean NLL per reference token, EOS included) under teacher forcing."""
         from .evaluate import evaluate_loss
 
-        (source_ids, long_sources), (reference_ids, long_references) = self._encode(sources), self._encode(references)
+        (source_ids, long_sources) = self._encode(sources)
+        (reference_ids, long_references) = self._encode(references, target=True)
         self._warn_truncated(long_sources + long_references, what="source or reference line(s) of the perplexity")
         pairs = list(zip(source_ids, reference_ids, strict=True))
         device = next(self.model.parameters()).device

@@ -110,15 +110,31 @@ def test_separate_target_vocabulary(spms, tmp_path):
         assert ours.encode(text) == hf(text).input_ids[:-1]
         target_ids = hf(text_target=text).input_ids[:-1]  # the ids of target_vocab.json
         assert target_ids != ours.encode(text)
+        assert ours.encode(text, target=True) == ours.encode_batch([text], target=True)[0] == target_ids
         assert ours.decode(target_ids) == hf.decode(target_ids, skip_special_tokens=True) == text
         assert ours.pieces(target_ids, target=True) == hf.convert_ids_to_tokens(target_ids)
     ours.save(tmp_path / "copy")
     assert json.loads((tmp_path / "copy" / TARGET_VOCAB_NAME).read_text()) == target_vocab
+    # each vocabulary against its side of the model: a larger target vocabulary is no error
+    SentencePieceTokenizer.load(tmp_path / "m", model_vocab_size=len(vocab), model_tgt_vocab_size=len(target_vocab))
     with pytest.raises(
         ValueError,
         match=re.escape(f"{tmp_path / 'm' / TARGET_VOCAB_NAME}: the tokenizer has {len(target_vocab)} tokens"),
     ):
-        SentencePieceTokenizer.load(tmp_path / "m", model_vocab_size=len(vocab))
+        SentencePieceTokenizer.load(tmp_path / "m", len(vocab), model_tgt_vocab_size=len(target_vocab) - 1)
+
+
+def test_target_text_goes_through_the_target_model(spms, tmp_path):
+    """Marian's targets (fine-tuning, the perplexity of references) are split by target.spm."""
+    german, english = spms
+    vocab = marian_vocab(german) | {p: i for i, p in enumerate(marian_vocab(english), start=1000) if p != "<pad>"}
+    vocab["<pad>"] = max(vocab.values()) + 1
+    write(tmp_path / "m", german, english, vocab)
+    ours, hf = SentencePieceTokenizer.load(tmp_path / "m"), marian(tmp_path / "m")
+    for text in ["the house is nice today.", "Die Straße ist groß."]:
+        assert ours.encode(text) == hf(text).input_ids[:-1]
+        assert ours.encode(text, target=True) == hf(text_target=text).input_ids[:-1]
+    assert ours.encode("Die Straße ist groß.", target=True) != ours.encode("Die Straße ist groß.")
 
 
 def test_pieces(shared):

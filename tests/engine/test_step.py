@@ -24,6 +24,8 @@ VARIANTS = {
     "d_k != d_v": {"d_k": 6, "d_v": 10},
     "dropout (eval mode)": {"P_drop": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.1},
     "windowed attention": {"attention_window": 3},  # a self-attention mask at every step
+    # a model converted from Marian: swish, an output bias, the decoder starting from the padding id
+    "marian's": {"activation": "silu", "output_bias": True, "bos_id": 0},
 }
 
 

@@ -75,3 +75,13 @@ def test_gelu_ffn_uses_the_erf_gelu():
     # and not the ReLU network with the same weights
     relu = torch.relu(hidden) @ ffn.linear2.weight.T + ffn.linear2.bias
     assert not torch.allclose(ffn(x), relu, atol=1e-3)
+
+
+def test_silu_ffn_equals_the_formula():
+    """Marian's swish: x · σ(x) in place of max(0, ·)."""
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(8, 16, activation="silu")
+    x = torch.randn(2, 3, 8)
+    h = x @ ffn.linear1.weight.T + ffn.linear1.bias
+    expected = (h * torch.sigmoid(h)) @ ffn.linear2.weight.T + ffn.linear2.bias
+    torch.testing.assert_close(ffn(x), expected)

@@ -19,6 +19,14 @@ def test_padding_mask_truth_table_and_shape():
     assert torch.equal(mask[:, 0, 0], expected)
 
 
+def test_padding_mask_with_a_start_token_that_is_the_pad_id():
+    """Marian's decoder starts from its padding token: ``start`` keeps position 0 a real key."""
+    tokens = torch.tensor([[0, 5, 6, 0], [0, 0, 0, 0], [7, 0, 8, 9]])
+    expected = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(padding_mask(tokens, 0, start=True), expected[:, None, None, :])
+    assert torch.equal(padding_mask(tokens, 0), (tokens != 0)[:, None, None, :])  # unchanged without
+
+
 def test_padding_mask_uses_the_given_pad_id():
     tokens = torch.tensor([[0, 3, 3, 1]])
     assert torch.equal(padding_mask(tokens, pad_id=3)[0, 0, 0], table([[1, 0, 0, 1]])[0])

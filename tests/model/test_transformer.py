@@ -333,3 +333,31 @@ def test_select_computes_logits_only_at_selected_positions():
     picked = model(src, tgt, select=select)
     assert picked.shape == (int(select.sum()), 40)
     torch.testing.assert_close(picked, full[select], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_output_bias_is_added_to_every_logit(tie):
+    """``output_bias`` (Marian's final_logits_bias): the same model's logits plus the bias."""
+    model = randomize_(build(Transformer, output_bias=True, tie_output=tie, share_embeddings=tie), seed=3)
+    src, tgt = ids(2, 5, 1), ids(2, 4, 2)
+    with torch.no_grad():
+        biased = model(src, tgt)
+        bias = model.output_bias.clone()
+        model.output_bias.zero_()
+        torch.testing.assert_close(biased, model(src, tgt) + bias)
+    assert bias.abs().min() > 0
+
+
+def test_a_start_token_that_is_the_pad_id_is_attended():
+    """With ``bos_id == pad_id`` (Marian's) the decoder attends to the start token: the logits equal
+    a model starting from another id with the same embedding."""
+    marian = randomize_(build(Transformer, bos_id=0, share_embeddings=False, tie_output=False), seed=4)
+    other = build(Transformer, bos_id=1, share_embeddings=False, tie_output=False)
+    other.load_state_dict(marian.state_dict())
+    with torch.no_grad():
+        other.tgt_embedding.weight[1] = marian.tgt_embedding.weight[0]
+    src, tgt = ids(2, 5, 1), ids(2, 4, 2)
+    with torch.no_grad():
+        ours = marian(src, torch.cat([torch.zeros(2, 1, dtype=torch.long), tgt], 1))
+        theirs = other(src, torch.cat([torch.ones(2, 1, dtype=torch.long), tgt], 1))
+    torch.testing.assert_close(ours, theirs)

@@ -80,16 +80,19 @@ class SentencePieceTokenizer:
     def target_vocab_size(self) -> int:
         return max(self._target_pieces) + 1
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no EOS): ``MarianTokenizer(text).input_ids`` without its EOS."""
+    def encode(self, text: str, target: bool = False) -> list[int]:
+        """Token ids of ``text`` (no EOS): ``MarianTokenizer(text).input_ids`` without its EOS, or
+        with ``target`` ``MarianTokenizer(text_target=text)``'s (the target model and vocabulary)."""
         text = text.strip()
         code = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:  # remove_language_code
             code, text = [text[: end + 2]], text[end + 2 :]
-        return [self.vocab.get(piece, self.unk_id) for piece in code + self._source.encode(text, out_type=str)]
+        spm, vocab = (self._target, self.target_vocab or self.vocab) if target else (self._source, self.vocab)
+        unk = vocab.get("<unk>", self.unk_id)
+        return [vocab.get(piece, unk) for piece in code + spm.encode(text, out_type=str)]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+    def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+        return [self.encode(text, target) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of target ``ids``, stopping at the first EOS and skipping ``<pad>`` and ``<unk>``
@@ -138,9 +141,12 @@ class SentencePieceTokenizer:
             atomic_write(directory / name, lambda tmp, data=data: Path(tmp).write_bytes(data))
 
     @classmethod
-    def load(cls, directory: str | Path, model_vocab_size: int | None = None) -> SentencePieceTokenizer:
-        """Read the files of ``directory``; with ``model_vocab_size``, a vocabulary with more tokens
-        than the model has embeddings is an error (naming the file), not an index error later."""
+    def load(
+        cls, directory: str | Path, model_vocab_size: int | None = None, model_tgt_vocab_size: int | None = None
+    ) -> SentencePieceTokenizer:
+        """Read the files of ``directory``; with ``model_vocab_size`` (and ``model_tgt_vocab_size``
+        for a separate target vocabulary; default the same), a vocabulary with more tokens than
+        the model has embeddings is an error (naming the file), not an index error later."""
         directory = Path(directory)
 
         def read(name: str) -> bytes:
@@ -165,10 +171,10 @@ class SentencePieceTokenizer:
             tokenizer = cls(*files, read_json(TARGET_VOCAB_NAME) if separate else None)
         except ValueError as e:  # its message starts with the file's name: make it the file's path
             raise ValueError(f"{directory}/{e}") from None
-        sizes = {VOCAB_NAME: tokenizer.vocab_size, TARGET_VOCAB_NAME: tokenizer.target_vocab_size}
-        for name in [VOCAB_NAME, TARGET_VOCAB_NAME][: 1 + separate]:
-            if model_vocab_size is not None and sizes[name] > model_vocab_size:
-                raise ValueError(
-                    f"{directory / name}: the tokenizer has {sizes[name]} tokens but the model only {model_vocab_size}"
-                )
+        tgt_size = model_tgt_vocab_size or model_vocab_size
+        checks = [(VOCAB_NAME, tokenizer.vocab_size, model_vocab_size)]
+        checks += [(TARGET_VOCAB_NAME, tokenizer.target_vocab_size, tgt_size)] if separate else []
+        for name, size, model_size in checks:
+            if model_size is not None and size > model_size:
+                raise ValueError(f"{directory / name}: the tokenizer has {size} tokens but the model only {model_size}")
         return tokenizer

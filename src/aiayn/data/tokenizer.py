@@ -95,14 +95,15 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no BOS/EOS)."""
+    def encode(self, text: str, target: bool = False) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS); ``target``: a target-side text (one joint BPE:
+        the same ids)."""
         text = text.strip()
         if MASK_TOKEN in text:
             return self._encode_masked(text)[0]
         return self.hf.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
         texts = [t.strip() for t in texts]
         encodings = self.hf.encode_batch(texts, add_special_tokens=False)
         return [self._encode_masked(t)[0] if MASK_TOKEN in t else e.ids for t, e in zip(texts, encodings, strict=True)]
@@ -183,20 +184,26 @@ class Tokenizer:
         return tokenizer
 
 
-def load_tokenizer(directory: str | Path, model_vocab_size: int | None = None) -> Any:
+def load_tokenizer(
+    directory: str | Path, model_vocab_size: int | None = None, model_tgt_vocab_size: int | None = None
+) -> Any:
     """The tokenizer of a model directory: aiayn's BPE (``tokenizer.json``) or, in a model
     converted from Marian (``aiayn convert marian``), its SentencePiece files
     (``data.sentencepiece.SentencePieceTokenizer``). Errors name the file at fault."""
     from .sentencepiece import SentencePieceTokenizer
 
     if SentencePieceTokenizer.is_in(directory):
-        return SentencePieceTokenizer.load(directory, model_vocab_size)
+        return SentencePieceTokenizer.load(directory, model_vocab_size, model_tgt_vocab_size)
     return Tokenizer.load(Path(directory) / TOKENIZER_NAME, model_vocab_size)
 
 
 def save_tokenizer(tokenizer: Any, directory: str | Path) -> None:
-    """Write ``tokenizer``'s files into the model directory ``directory`` (``load_tokenizer`` reads them)."""
+    """Write ``tokenizer``'s files into the model directory ``directory`` (``load_tokenizer`` reads
+    them), removing another kind's that would be read instead."""
+    from .sentencepiece import SOURCE_SPM
+
     if isinstance(tokenizer, Tokenizer):
+        (Path(directory) / SOURCE_SPM).unlink(missing_ok=True)  # load_tokenizer prefers SentencePiece's
         tokenizer.save(Path(directory) / TOKENIZER_NAME)
     else:
         tokenizer.save(directory)

@@ -96,7 +96,7 @@ class Translation(Objective):
         self, tokenizer: Tokenizer, raw: list[tuple[str, str]], max_len: int
     ) -> tuple[list[tuple[list[int], list[int]]], int]:
         src = tokenizer.encode_batch([s for s, _ in raw])
-        tgt = tokenizer.encode_batch([t for _, t in raw])
+        tgt = tokenizer.encode_batch([t for _, t in raw], target=True)  # Marian's: the target SentencePiece
         kept = [(s, t) for s, t in zip(src, tgt, strict=True) if 0 < len(s) < max_len and 0 < len(t) < max_len]
         return kept, len(raw) - len(kept)
 

@@ -30,8 +30,8 @@ from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import translate_ids
 from ..engine import prepare
 from ..evaluate import Scores, evaluate_loss, score_translations
-from ..model import Transformer
-from ..model.pretrained import atomic_write
+from ..model import ModelConfig, Transformer
+from ..model.pretrained import CONFIG_NAME, atomic_write
 from ..progress import progress_bar
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .config import RunConfig
@@ -239,7 +239,9 @@ def train(
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     suppress = tuple(run.model.get("suppress_ids", ())) + ((tokenizer.phrase_id,) if run.data.phrase_tag else ())
-    if cfg.init is not None:  # fine-tuning: the model's own config, the run's dropout
+    if checkpoint is not None:  # a resumed run goes on with the model it saved
+        model_config, _ = ModelConfig.load(checkpoint / CONFIG_NAME)
+    elif cfg.init is not None:  # fine-tuning: the model's own config, the run's dropout
         model_config = run.init_config(**({"suppress_ids": suppress} if suppress else {}))
     else:
         model_config = run.model_config(tokenizer.vocab_size, suppress_ids=suppress)  # the tag is never a translation
