@@ -189,3 +189,33 @@ def test_the_explorer_page_is_served(client):
     response = client.get("/")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     assert 'id="show-attention"' in response.text and "/attention" in response.text
+
+
+def test_the_serve_command(model_dir, capsys):
+    """`aiayn serve` as a user starts it: a process answering on its port, the model loaded on its
+    model thread, translations as `aiayn translate`'s; it stops on SIGTERM."""
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    expected = cli_translate(model_dir, capsys, SENTENCES[:3])
+    command = [sys.executable, "-m", "aiayn", "serve", "--model", str(model_dir), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "aiayn serve did not start"
+                time.sleep(0.1)
+        answer = httpx.post(f"http://127.0.0.1:{port}/translate", json={"texts": SENTENCES[:3]}, timeout=60)
+        assert [_one_line(t) for t in answer.json()["translations"]] == expected
+    finally:
+        server.terminate()  # uvicorn shuts down, then re-raises the signal: SIGTERM's exit
+        assert server.wait(timeout=30) in (0, -15)
+    assert "Traceback" not in server.stderr.read()

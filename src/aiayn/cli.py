@@ -349,14 +349,18 @@ def _serve(args: argparse.Namespace) -> int:
     from .data.tokenizer import load_tokenizer
     from .engine import EngineOptions
     from .model import Transformer
-    from .serve import ServeOptions, serve
+    from .serve import ServeOptions, model_thread, serve
     from .translator import Translator
 
-    model = Transformer.from_pretrained(args.model, device=args.device or "cpu").eval()
-    tokenizer = load_tokenizer(args.model, model.config.vocab_size, model.config.tgt_vocab_size)
-    translator = Translator(model, tokenizer, args.quantize, EngineOptions.from_environ())
+    def load():
+        model = Transformer.from_pretrained(args.model, device=args.device or "cpu").eval()
+        tokenizer = load_tokenizer(args.model, model.config.vocab_size, model.config.tgt_vocab_size)
+        return Translator(model, tokenizer, args.quantize, EngineOptions.from_environ()), model
+
+    executor = model_thread()  # torch runs on this thread only (serve.model_thread)
+    translator, model = executor.submit(load).result()
     options = ServeOptions(max_texts=args.max_texts, max_chars=args.max_chars, max_queue=args.max_queue)
-    serve(translator, model, args.host, args.port, options)
+    serve(translator, model, args.host, args.port, options, executor)
     return 0
 
 
