@@ -68,8 +68,9 @@ def test_translate_then_look_at_the_attention(page, model_dir, capsys, tmp_path)
     page.click("#show-attention")  # one click away
     page.wait_for_selector("#heatmap rect.cell")
     model = Transformer.from_pretrained(model_dir).eval()
-    reference = translation_attention(model, load_tokenizer(model_dir), SENTENCE)
-    assert page.text_content("#greedy") == f"greedy translation: {reference.translation}"
+    reference = translation_attention(model, load_tokenizer(model_dir), SENTENCE, beam=4)  # the page's beam
+    assert page.text_content("#shown") == f"translation (beam 4): {expected}"
+    assert reference.translation == expected  # the weights drawn are those of the translation shown
     layers, heads = len(reference.attention.decoder_cross), reference.attention.decoder_cross[0].size(0)
     for layer in range(layers):
         for head in range(heads):

@@ -67,6 +67,43 @@ def test_health(client):
     assert client.get("/health").json() == {"status": "ok", "queued": 0}
 
 
+def test_options_are_checked():
+    with pytest.raises(ValueError, match=r"max_queue \(8\) must be at least max_texts \(64\)"):
+        ServeOptions(max_queue=8)
+
+
+def test_a_failing_batch_fails_its_requests_not_the_worker(model_dir):
+    """A bug in the worker's gathering, or the model failing: the requests of that batch get a
+    500 JSON error; the worker goes on and later requests are answered."""
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    gather, model = batcher._gather, batcher._translate
+    failures = iter([RuntimeError("gathering broke"), None, RuntimeError("the model broke"), None])
+
+    async def flaky_gather(jobs):
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        await gather(jobs)
+
+    def flaky_model(texts, search):
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return model(texts, search)
+
+    batcher._gather, batcher._translate = flaky_gather, flaky_model
+    with TestClient(app) as client:
+        first = client.post("/translate", json={"texts": SENTENCES[:2]})
+        assert first.status_code == 500 and "gathering broke" in first.json()["error"]
+        second = client.post("/translate", json={"texts": SENTENCES[:2]})
+        assert second.status_code == 500 and "the model broke" in second.json()["error"]
+        assert client.post("/translate", json={"texts": SENTENCES[:2]}).status_code == 200
+        assert client.get("/health").json() == {"status": "ok", "queued": 0}
+    with TestClient(app) as client:  # the app starts again (its model thread stays)
+        assert client.post("/translate", json={"texts": SENTENCES[:1]}).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -76,11 +113,17 @@ def test_health(client):
         (json.dumps({"texts": "one string"}).encode(), 422, "texts must be a list of strings"),
         (json.dumps({"texts": ["ok", 3]}).encode(), 422, "texts must be a list of strings"),
         (json.dumps({"texts": []}).encode(), 422, "texts is empty"),
-        (json.dumps({"texts": ["a"], "beam": 0}).encode(), 422, "beam must be an integer >= 1"),
-        (json.dumps({"texts": ["a"], "beam": 2.5}).encode(), 422, "beam must be an integer >= 1"),
-        (json.dumps({"texts": ["a"], "beam": True}).encode(), 422, "beam must be an integer >= 1"),
-        (json.dumps({"texts": ["a"], "alpha": "high"}).encode(), 422, "alpha must be a number >= 0.0"),
-        (json.dumps({"texts": ["a"], "beam": 99}).encode(), 422, "beam must be at most 16"),
+        (json.dumps({"texts": ["a"], "beam": 0}).encode(), 422, "beam must be an integer from 1 to 16, got 0"),
+        (json.dumps({"texts": ["a"], "beam": 2.5}).encode(), 422, "beam must be an integer, got 2.5"),
+        (json.dumps({"texts": ["a"], "beam": True}).encode(), 422, "beam must be an integer, got True"),
+        (json.dumps({"texts": ["a"], "alpha": "high"}).encode(), 422, "alpha must be a number, got 'high'"),
+        (json.dumps({"texts": ["a"], "beam": 99}).encode(), 422, "beam must be an integer from 1 to 16"),
+        (json.dumps({"texts": ["a"], "beam": 10**400}).encode(), 422, "beam must be an integer from 1 to 16"),
+        (json.dumps({"texts": ["a"], "max_len_a": 5000}).encode(), 422, "max_len_a must be an integer from 0 to 1024"),
+        (b'{"texts": ["a"], "alpha": NaN}', 422, "alpha must be a number, got nan"),
+        (b'{"texts": ["\\ud800"]}', 422, "texts[0] is not valid Unicode text"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "the body is not JSON"),
+        (b'{"texts": ["a"], "pad": "' + b"x" * 1_000_000 + b'"}', 413, "bytes, at most"),
         (json.dumps({"texts": ["a"], "bean": 4}).encode(), 422, "unknown field 'bean'"),
         (json.dumps({"texts": ["a"] * 65}).encode(), 413, "65 texts, at most 64 per request"),
         (json.dumps({"texts": ["ok", "x" * 2001]}).encode(), 413, "texts[1]: 2001 characters, at most 2000"),
@@ -115,7 +158,7 @@ def test_concurrent_requests_are_batched_together(model_dir, capsys):
 
 
 def test_a_full_queue_answers_503_and_frees_up(model_dir):
-    app = app_for(model_dir, max_queue=4)
+    app = app_for(model_dir, max_queue=4, max_texts=4)
     batcher: Batcher = app.state.batcher
     release = threading.Event()
     with serving(app) as url:
@@ -170,10 +213,14 @@ def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "queued": 0}
 
 
-def test_attention_is_translation_attention(client, model_dir):
+@pytest.mark.parametrize("beam", [1, 3])
+def test_attention_is_translation_attention(client, model_dir, beam):
     model = Transformer.from_pretrained(model_dir).eval()
-    expected = translation_attention(model, load_tokenizer(model_dir), SENTENCES[0])
-    answer = client.post("/attention", json={"text": SENTENCES[0]}).json()
+    expected = translation_attention(model, load_tokenizer(model_dir), SENTENCES[0], beam=beam)
+    answer = client.post("/attention", json={"text": SENTENCES[0], "beam": beam}).json()
+    assert answer["translation"] == client.post("/translate", json={"texts": SENTENCES[:1], "beam": beam}).json()[
+        "translations"
+    ][0]  # the weights of the translation /translate gives
     assert (answer["translation"], answer["source"], answer["target"]) == (
         expected.translation, expected.source, expected.target,
     )  # fmt: skip
@@ -183,6 +230,18 @@ def test_attention_is_translation_attention(client, model_dir):
             assert layer == weights.tolist()
     assert client.post("/attention", json={"text": ""}).status_code == 422
     assert client.post("/attention", json={"texts": ["a"]}).status_code == 422
+    assert "unknown field 'max_len_a'" in client.post("/attention", json={"text": "a", "max_len_a": 3}).json()["error"]
+
+
+def test_attention_of_a_long_text_is_truncated_as_translate_truncates(client, model_dir):
+    """The model takes max_len - 1 source tokens; /attention truncates as /translate does."""
+    text = " ".join(SENTENCES) * 3
+    with pytest.warns(UserWarning, match="truncated to the model's 47"):
+        answer = client.post("/attention", json={"text": text, "beam": 1}).json()
+    assert len(answer["source"]) == Transformer.from_pretrained(model_dir).config.max_len  # 47 tokens and EOS
+    with pytest.warns(UserWarning, match="longer than the model's 47 tokens were truncated"):
+        translated = client.post("/translate", json={"texts": [text], "beam": 1}).json()["translations"][0]
+    assert answer["translation"] == translated
 
 
 def test_the_explorer_page_is_served(client):

@@ -128,6 +128,38 @@ def test_decoder_inputs_stop_before_eos(loaded, monkeypatch):
     assert maps.attention.decoder_cross[0].shape[1] == 3
 
 
+def test_beam_maps_are_those_of_the_beam_translation(loaded):
+    """With ``beam``, the decoder rows follow beam search's best output; each row's weights are
+    the ones the cached decoder computed at that step of its path (causality)."""
+    from aiayn.decode import beam_search
+
+    model, tokenizer = loaded
+    src = torch.tensor([[*tokenizer.encode(SENTENCE), model.config.eos_id]])
+    best = beam_search(model, src, beam=3, alpha=0.6, max_len=8)[0][0].tokens
+    maps = viz.translation_attention(model, tokenizer, SENTENCE, max_len=8, beam=3)
+    assert maps.translation == tokenizer.decode(best)
+    tgt = [model.config.bos_id, *best]
+    assert maps.target == tokenizer.pieces(tgt[: len(maps.target)])
+    with torch.no_grad():  # step by step on the KV cache, as the search ran
+        enc = model.encode(src)
+        cache = model.init_cache(enc.memory, enc.mask)
+        for t, token in enumerate(tgt[: len(maps.target)]):
+            out = model.decode(torch.tensor([[token]]), cache=cache, return_attention=True)
+            for layer, weights in enumerate(out.cross_attention):
+                torch.testing.assert_close(weights[0, :, 0], maps.attention.decoder_cross[layer][:, t])
+
+
+def test_a_source_longer_than_the_model_is_truncated_with_a_warning(loaded):
+    model, tokenizer = loaded
+    model = Transformer(model.config.replace(max_len=24)).eval()  # sinusoidal: any max_len, same weights
+    model.load_state_dict(loaded[0].state_dict())
+    long = " ".join([SENTENCE] * 10)
+    assert len(tokenizer.encode(long)) > model.config.max_len
+    with pytest.warns(UserWarning, match="truncated to the model's"):
+        maps = viz.translation_attention(model, tokenizer, long, max_len=4)
+    assert len(maps.source) == model.config.max_len  # max_len - 1 tokens and EOS
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -266,7 +266,9 @@ def _attention(args: argparse.Namespace) -> int:
     from .viz import plot_attention, translation_attention
 
     model, tokenizer = _load_model(args.model)
-    maps = translation_attention(model, tokenizer, args.sentence, max_len=args.max_len)
+    maps = translation_attention(
+        model, tokenizer, args.sentence, max_len=args.max_len, beam=args.beam, alpha=args.alpha
+    )
     plot_attention(maps, kinds=args.kind, layers=args.layers, heads=args.heads, out=args.out)
     print(f"{maps.sentence}  ->  {maps.translation}")
     print(f"written {args.out}")
@@ -520,8 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     attention = sub.add_parser(
         "attention",
         help="translate a sentence and draw every head's attention maps to PNG",
-        description="Translate SENTENCE greedily and draw the attention weights the model used: a grid with a "
-        "row per kind and layer and a column per head, the tokens on both axes.",
+        description="Translate SENTENCE (greedily, or with --beam) and draw the attention weights the model used: "
+        "a grid with a row per kind and layer and a column per head, the tokens on both axes.",
     )
     attention.add_argument("--model", required=True, metavar="DIR", help="model directory")
     attention.add_argument("sentence", help="the source sentence")
@@ -546,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the most output tokens, EOS included: the rows of the decoder maps (default: source length + 50)",
     )
+    attention.add_argument("--beam", type=_positive_int, default=1, help="beam size, 1 = greedy (default %(default)s)")
+    attention.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default %(default)s)")
     attention.set_defaults(func=_attention)
 
     average = sub.add_parser("average", help="average the parameters of checkpoints (§6.1)")

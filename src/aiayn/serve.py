@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +41,13 @@ from .translator import Translator
 
 __all__ = ["ServeOptions", "Batcher", "create_app", "model_thread", "serve", "serving"]
 
-SEARCH_FIELDS = {"beam": (int, 1), "alpha": (float, 0.0), "max_len_a": (int, 0), "no_repeat_ngram_size": (int, 0)}
+log = logging.getLogger("aiayn.serve")
+
+# name: (type, least, most), the bounds None where the command sets none (beam: ServeOptions.max_beam)
+SEARCH_FIELDS = {
+    "beam": (int, 1, None), "alpha": (float, None, None), "max_len_a": (int, 0, 1024),
+    "no_repeat_ngram_size": (int, 0, 1024),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,17 @@ class ServeOptions:
     batch_tokens: int = 16384  # source tokens the model gets at once, across requests
     max_tokens: int = 4096  # positions per batch inside the model (Translator.translate's)
     max_beam: int = 16
+    max_len_a: int = 1024  # the searches' own bound (decode.translate_ids)
+
+    def __post_init__(self) -> None:
+        if self.max_queue < self.max_texts:
+            raise ValueError(f"max_queue ({self.max_queue}) must be at least max_texts ({self.max_texts})")
+
+    @property
+    def max_body(self) -> int:
+        """Bytes a request body may have: the texts at their largest (4 UTF-8 bytes a character, 6
+        escaped) and room for the JSON around them."""
+        return self.max_texts * (6 * self.max_chars + 8) + 4096
 
 
 class HTTPError(Exception):
@@ -91,67 +109,103 @@ class Batcher:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-        self.executor.shutdown(wait=True)
+        self._worker = None  # the model's thread stays: the app may start again
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker that feeds the model runs (``/health`` says so)."""
+        return self._worker is not None and not self._worker.done()
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` on the model's thread (after what runs there now)."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
-        """The translations of ``texts``, batched with other requests'; 503 when the queue is full."""
-        if self.queued + len(texts) > self.options.max_queue:
+    def admit(self, n: int) -> None:
+        """Count ``n`` more texts waiting for the model; 503 when the queue is full."""
+        if self.queued + n > self.options.max_queue:
             raise HTTPError(
                 503, f"the server is busy: {self.queued} texts are waiting (at most {self.options.max_queue})"
             )
-        tokens = sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(texts))
-        future = asyncio.get_running_loop().create_future()
-        self.queued += len(texts)
-        self._queue.put_nowait(_Job(texts, tokens, tuple(sorted(search.items())), future))
+        if not self.alive:
+            raise HTTPError(500, "the server's model worker has stopped; restart the server")
+        self.queued += n
+
+    async def translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
+        """The translations of ``texts``, batched with other requests'; 503 when the queue is full."""
+        self.admit(len(texts))
         try:
+            tokens = sum(len(self.translator.tokenizer.encode(t)) + 1 for t in texts)
+            future = asyncio.get_running_loop().create_future()
+            self._queue.put_nowait(_Job(texts, tokens, tuple(sorted(search.items())), future))
             return await asyncio.shield(future)  # a cancelled request leaves its batch alone
         finally:
             self.queued -= len(texts)
 
+    async def exclusive(self, fn: Any, n: int = 1) -> Any:
+        """``fn()`` on the model's thread, counted as ``n`` queued texts (``/attention``)."""
+        self.admit(n)
+        try:
+            return await self.call(fn)
+        finally:
+            self.queued -= n
+
     async def _run(self) -> None:
         """The worker: take a job, gather what else is queued (waiting ``window_ms`` for more only
-        while nothing else is), translate each group of equal searches, hand out the results."""
-        loop = asyncio.get_running_loop()
+        while nothing else is), translate each group of equal searches, hand out the results. A
+        failure fails the requests of its batch, not the worker."""
         while True:
             jobs = [await self._queue.get()]
-            tokens, deadline = jobs[0].tokens, loop.time() + self.options.window_ms / 1000
-            while tokens < self.options.batch_tokens:
-                try:
-                    job = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
+            try:
+                await self._gather(jobs)
+                groups: dict[tuple, list[_Job]] = {}
+                for job in jobs:
+                    groups.setdefault(job.search, []).append(job)
+                for search, group in groups.items():
+                    texts = [t for job in group for t in job.texts]
                     try:
-                        job = await asyncio.wait_for(self._queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                jobs.append(job)
-                tokens += job.tokens
-            groups: dict[tuple, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.search, []).append(job)
-            for search, group in groups.items():
-                texts = [t for job in group for t in job.texts]
-                try:
-                    results = await self.call(self._translate, texts, dict(search))
-                except Exception as e:  # the model failed: every request of the batch hears why
+                        results = await self.call(self._translate, texts, dict(search))
+                    except Exception as e:  # the model failed: every request of the batch hears why
+                        _fail(group, e)
+                        continue
+                    start = 0
                     for job in group:
                         if not job.future.done():
-                            job.future.set_exception(e)
-                    continue
-                start = 0
-                for job in group:
-                    if not job.future.done():
-                        job.future.set_result(results[start : start + len(job.texts)])
-                    start += len(job.texts)
+                            job.future.set_result(results[start : start + len(job.texts)])
+                        start += len(job.texts)
+            except asyncio.CancelledError:
+                _fail(jobs, HTTPError(503, "the server is shutting down"))
+                raise
+            except Exception as e:  # a bug here must not leave requests waiting forever
+                log.exception("aiayn serve: the batch failed")
+                _fail(jobs, e)
+
+    async def _gather(self, jobs: list[_Job]) -> None:
+        """Add to ``jobs`` what is queued, up to ``batch_tokens``; while the queue is empty, wait
+        up to ``window_ms`` after the first job for more."""
+        loop = asyncio.get_running_loop()
+        tokens, deadline = jobs[0].tokens, loop.time() + self.options.window_ms / 1000
+        while tokens < self.options.batch_tokens:
+            try:
+                job = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:  # not TimeoutError: Python 3.10's differs
+                    return
+            jobs.append(job)
+            tokens += job.tokens
 
     def _translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
         return self.translator.translate(texts, max_tokens=self.options.max_tokens, **search)
+
+
+def _fail(jobs: list[_Job], error: Exception) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(error)
 
 
 def model_thread() -> ThreadPoolExecutor:
@@ -169,17 +223,24 @@ def _error(status: int, message: str) -> Any:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def _json_body(request: Any) -> dict[str, Any]:
+async def _json_body(request: Any, max_body: int) -> dict[str, Any]:
     from starlette.requests import ClientDisconnect
 
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_body:
+        raise HTTPError(413, f"the body has {length} bytes, at most {max_body}")
+    body = bytearray()
     try:
-        body = await request.body()
+        async for chunk in request.stream():  # read at most max_body bytes, whatever the headers say
+            body += chunk
+            if len(body) > max_body:
+                raise HTTPError(413, f"the body has more than {max_body} bytes")
     except ClientDisconnect:  # gone before the whole body came: no one to answer
         raise HTTPError(400, "the client went away before the whole body came") from None
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"the body is not JSON: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise HTTPError(400, f"the body is not JSON: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
         raise HTTPError(422, f"the body must be a JSON object, got {type(data).__name__}")
     return data
@@ -195,29 +256,36 @@ def _texts(value: Any, options: ServeOptions, name: str = "texts") -> list[str]:
     for i, text in enumerate(value):
         if len(text) > options.max_chars:
             raise HTTPError(413, f"{name}[{i}]: {len(text)} characters, at most {options.max_chars}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise HTTPError(422, f"{name}[{i}] is not valid Unicode text: {e.reason}") from None
     return value
 
 
-def _search(data: dict[str, Any], options: ServeOptions) -> dict[str, Any]:
-    """The search options of a /translate body, checked (defaults: ``aiayn translate``'s)."""
+def _search(data: dict[str, Any], options: ServeOptions, fields: tuple[str, ...] = tuple(SEARCH_FIELDS)) -> dict:
+    """The search options of a request body (the ``fields`` of ``SEARCH_FIELDS``), checked;
+    defaults: ``aiayn translate``'s."""
     search = {}
     for name, value in data.items():
-        if name == "texts":
+        if name in ("texts", "text"):
             continue
-        if name not in SEARCH_FIELDS:
-            known = ", ".join(["texts", *SEARCH_FIELDS])
+        if name not in fields:
+            known = ", ".join([*(["texts"] if "max_len_a" in fields else ["text"]), *fields])
             raise HTTPError(422, f"unknown field {name!r}; known fields: {known}")
-        kind, low = SEARCH_FIELDS[name]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind, low, high = SEARCH_FIELDS[name]
+        high = options.max_beam if name == "beam" else high
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = number and (isinstance(value, int) or math.isfinite(value))
         if kind is int:
-            ok = ok and float(value).is_integer()
-        if not ok or not math.isfinite(value) or value < low:
-            raise HTTPError(
-                422, f"{name} must be {'an integer' if kind is int else 'a number'} >= {low}, got {value!r}"
-            )
+            ok = ok and (isinstance(value, int) or value.is_integer())
+        what = "an integer" if kind is int else "a number"
+        if not ok:
+            raise HTTPError(422, f"{name} must be {what}, got {value!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise HTTPError(422, f"{name} must be {what} {bounds}, got {value!r}")
         search[name] = kind(value)
-    if search.get("beam", 1) > options.max_beam:
-        raise HTTPError(422, f"beam must be at most {options.max_beam}, got {search['beam']}")
     return search
 
 
@@ -266,12 +334,15 @@ def create_app(
                 return await endpoint(request)
             except HTTPError as e:
                 return _error(e.status, str(e))
+            except Exception as e:  # a bug, or the model failing: still a JSON answer, logged
+                log.exception("aiayn serve: %s failed", request.url.path)
+                return _error(500, f"internal error: {type(e).__name__}: {e}")
 
         return wrapped
 
     @handles_errors
     async def translate(request: Any) -> Any:
-        data = await _json_body(request)
+        data = await _json_body(request, options.max_body)
         if "texts" not in data:
             raise HTTPError(422, "the body needs texts: a list of strings")
         texts = _texts(data["texts"], options)
@@ -279,20 +350,22 @@ def create_app(
 
     @handles_errors
     async def attention(request: Any) -> Any:
-        data = await _json_body(request)
-        unknown = sorted(set(data) - {"text"})
-        if unknown or not isinstance(data.get("text"), str):
-            raise HTTPError(
-                422, 'the body must be {"text": a string}' + (f"; unknown field(s) {unknown}" if unknown else "")
-            )
+        data = await _json_body(request, options.max_body)
+        if not isinstance(data.get("text"), str):
+            raise HTTPError(422, "the body needs text: a string")
         (text,) = _texts([data["text"]], options, "text")
         if not text.strip():
             raise HTTPError(422, "text is empty")
-        weights = await batcher.call(lambda: attention_json(translation_attention(model, translator.tokenizer, text)))
-        return JSONResponse(weights)
+        search = _search(data, options, ("beam", "alpha"))
+
+        def weights() -> dict[str, Any]:
+            return attention_json(translation_attention(model, translator.tokenizer, text, **search))
+
+        return JSONResponse(await batcher.exclusive(weights))
 
     async def health(request: Any) -> Any:
-        return JSONResponse({"status": "ok", "queued": batcher.queued})
+        alive = batcher.alive
+        return JSONResponse({"status": "ok" if alive else "error", "queued": batcher.queued}, 200 if alive else 500)
 
     async def index(request: Any) -> Any:
         return HTMLResponse(page)

@@ -160,24 +160,43 @@ class TranslationAttention(NamedTuple):
 
 
 def translation_attention(
-    model: Transformer, tokenizer: Tokenizer, sentence: str, max_len: int | None = None
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentence: str,
+    max_len: int | None = None,
+    beam: int = 1,
+    alpha: float = 0.6,
 ) -> TranslationAttention:
-    """Translate ``sentence`` greedily, then run the model teacher-forced on the source and its
-    own output to get every layer's attention weights (§3.2.3: the three uses of attention).
+    """Translate ``sentence`` (greedily, or with beam search of ``beam`` and ``alpha``, §6.1), then
+    run the model teacher-forced on the source and its own output to get every layer's attention
+    weights (§3.2.3: the three uses of attention). The decoder is causal, so these are the
+    weights it computed at each step of the output's path, beam search's included.
 
     The decoder inputs are ``<s>`` and the output tokens up to, not including, ``</s>``: one row
     per decoding step, the step that predicted the next token. Put the model in eval mode first.
-    ``max_len`` caps the output tokens (default: source length + 50, §6.1).
+    ``max_len`` caps the output tokens (default: source length + 50, §6.1). A source longer than
+    the model's ``max_len`` positions is truncated with a warning, as ``Translator`` does.
     """
+    import warnings
+
     import torch
 
-    from .decode import greedy_decode
+    from .decode import beam_search, greedy_decode
     from .model.transformer import Attention
 
     config = model.config
     device = next(model.parameters()).device
-    src = torch.tensor([[*tokenizer.encode(sentence), config.eos_id]], device=device)  # (1, S)
-    output = greedy_decode(model, src, max_len=max_len)[0].tolist()
+    ids = tokenizer.encode(sentence)
+    if len(ids) > config.max_len - 1:
+        warnings.warn(
+            f"the sentence's {len(ids)} tokens were truncated to the model's {config.max_len - 1}", stacklevel=2
+        )
+        ids = ids[: config.max_len - 1]
+    src = torch.tensor([[*ids, config.eos_id]], device=device)  # (1, S)
+    if beam > 1:
+        output = [*beam_search(model, src, beam=beam, alpha=alpha, max_len=max_len)[0][0].tokens, config.eos_id]
+    else:
+        output = greedy_decode(model, src, max_len=max_len)[0].tolist()
     steps = output.index(config.eos_id) + 1 if config.eos_id in output else len(output)
     tgt = [config.bos_id, *output][: max(steps, 1)]  # the tokens fed to the decoder while translating
     with torch.no_grad():
