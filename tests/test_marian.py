@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from aiayn.cli import main  # noqa: E402
 from aiayn.decode import beam_search, greedy_decode  # noqa: E402
 from aiayn.engine import prepare  # noqa: E402
-from aiayn.interop import from_marian, from_marian_state  # noqa: E402
+from aiayn.interop import from_marian, from_marian_state, to_marian_state  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
 from aiayn.translator import Translator  # noqa: E402
 from marian_helpers import ENGLISH, GERMAN, lines, marian, marian_vocab, train_spm, write  # noqa: E402
@@ -376,6 +376,55 @@ def test_fine_tuning_starts_from_the_converted_model(converted, tmp_path):
     resume = ["--out", str(tmp_path / "tuned"), "--resume", "--train.max_steps", "3", "--train.amp", "false"]
     assert main(["train", "--config", str(config), *resume]) == 0
     assert Transformer.from_pretrained(tmp_path / "tuned" / "model").config == tuned.config
+
+
+# The other way: aiayn -> Marian --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_export_inverts_the_import(name):
+    """Marian -> aiayn -> Marian gives back every tensor, bit for bit (a permutation is exact)."""
+    m = random_marian(name)
+    config, state = to_marian_state(from_marian(m))
+    again = transformers.MarianMTModel(transformers.MarianConfig(**config)).eval()
+    missing, unexpected = again.load_state_dict(state, strict=False)
+    assert not unexpected and all("embed_positions" in k for k in missing)  # the sinusoid: a function of d_model
+    for key, value in m.state_dict().items():
+        if "embed_positions" not in key and key in state:
+            assert torch.equal(value, state[key]), key
+    src = sources(m.config)
+    with torch.no_grad():
+        expected = m.generate(input_ids=src, max_new_tokens=5)
+        torch.testing.assert_close(again.generate(input_ids=src, max_new_tokens=5), expected)
+
+
+def test_an_aiayn_model_exports_to_marian(tmp_path):
+    """A model trained in aiayn (post-norm, every parameter random, an output bias) read by
+    transformers: the same logits."""
+    from helpers import random_model
+
+    model = random_model(vocab_size=40, output_bias=True, activation="silu", N_dec=3)
+    config, state = to_marian_state(model)
+    m = transformers.MarianMTModel(transformers.MarianConfig(**config)).eval()
+    m.load_state_dict(state, strict=False)
+    src = torch.randint(3, 40, (3, 7), generator=torch.Generator().manual_seed(0))
+    tgt = torch.randint(3, 40, (3, 5), generator=torch.Generator().manual_seed(1))
+    tgt[:, 0] = model.config.bos_id
+    with torch.no_grad():
+        torch.testing.assert_close(m(input_ids=src, decoder_input_ids=tgt).logits, model(src, tgt), atol=ATOL, rtol=0)
+    prenorm = random_model(vocab_size=40, norm_first=True)
+    with pytest.raises(ValueError, match=r"Marian cannot express this model: norm_first=True .*final_norm=True"):
+        to_marian_state(prenorm)
+
+
+def test_export_command_round_trip(hf_dir, trained, converted, tmp_path):
+    """`aiayn export marian` of a converted OPUS-MT-style model: transformers reads the directory
+    (MarianMTModel and MarianTokenizer) and translates as aiayn does."""
+    assert main(["export", "marian", str(converted), str(tmp_path / "hf")]) == 0
+    m = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf_translate(tmp_path / "hf", m, SENTENCES, 1) == Translator.from_pretrained(converted).translate(
+        SENTENCES, beam=1
+    )
 
 
 # Errors -------------------------------------------------------------------------------------------

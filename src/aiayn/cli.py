@@ -374,6 +374,14 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .interop import export_marian
+
+    out = export_marian(args.model, args.out)
+    print(f"exported {args.model} into {out}")
+    return 0
+
+
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--beam", type=_positive_int, default=4, help="beam size, 1 = greedy (default %(default)s, §6.1)"
@@ -586,6 +594,15 @@ def build_parser() -> argparse.ArgumentParser:
     marian.add_argument("src", help="the Hugging Face model directory (downloaded beforehand: aiayn downloads nothing)")
     marian.add_argument("out", help="the aiayn model directory to write")
     marian.set_defaults(func=_convert)
+
+    export = sub.add_parser("export", help="write an aiayn model for another toolkit")
+    targets = export.add_subparsers(dest="kind", required=True)
+    to_marian = targets.add_parser(
+        "marian", help="a Hugging Face Marian directory (transformers, CTranslate2's converter); post-norm models"
+    )
+    to_marian.add_argument("model", help="the aiayn model directory")
+    to_marian.add_argument("out", help="the Hugging Face model directory to write")
+    to_marian.set_defaults(func=_export)
 
     copy = sub.add_parser("copy-task", help="train a tiny model to copy random sequences and report its accuracy")
     defaults = CopyTask()

@@ -43,7 +43,10 @@ from .model.attention import MultiHeadAttention
 from .model.layers import ResidualNorm
 from .model.transformer import Decoder, Encoder
 
-__all__ = ["load_torch_transformer", "from_marian", "from_marian_state", "marian_config", "convert_marian"]
+__all__ = [
+    "load_torch_transformer", "from_marian", "from_marian_state", "marian_config", "convert_marian",
+    "to_marian_state", "export_marian",
+]  # fmt: skip
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
@@ -209,6 +212,42 @@ def _marian_sinusoid(length: int, d_model: int) -> Tensor:
     return sinusoidal_encoding(length, d_model)[:, torch.argsort(_halves_to_interleaved(d_model))]
 
 
+def _marian_layers(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    """The layers' tensors, aiayn's name against Marian's (three for the fused W^Q, W^K, W^V),
+    with the side that meets the residual stream and so the permutation: ``reads`` (its input
+    columns), ``writes`` (its output rows, or a layer norm's or output bias's entries), or
+    ``neither`` (the heads' and the FFN's inner dimensions)."""
+    layers = []
+
+    def attention(ours: str, theirs: str) -> None:
+        layers.append((f"{ours}.in_proj.weight", tuple(f"{theirs}.{x}_proj.weight" for x in "qkv"), "reads"))
+        layers.append((f"{ours}.in_proj.bias", tuple(f"{theirs}.{x}_proj.bias" for x in "qkv"), "neither"))
+        layers.append((f"{ours}.out_proj.weight", (f"{theirs}.out_proj.weight",), "writes"))
+        layers.append((f"{ours}.out_proj.bias", (f"{theirs}.out_proj.bias",), "writes"))
+
+    def norm(ours: str, theirs: str) -> None:
+        layers.append((f"{ours}.norm.weight", (f"{theirs}.weight",), "writes"))
+        layers.append((f"{ours}.norm.bias", (f"{theirs}.bias",), "writes"))
+
+    def feed_forward(ours: str, theirs: str) -> None:
+        layers.append((f"{ours}.feed_forward.linear1.weight", (f"{theirs}.fc1.weight",), "reads"))
+        layers.append((f"{ours}.feed_forward.linear1.bias", (f"{theirs}.fc1.bias",), "neither"))
+        layers.append((f"{ours}.feed_forward.linear2.weight", (f"{theirs}.fc2.weight",), "writes"))
+        layers.append((f"{ours}.feed_forward.linear2.bias", (f"{theirs}.fc2.bias",), "writes"))
+
+    for stack, count in (("encoder", config.N), ("decoder", config.N_dec)):
+        for i in range(count):
+            layer = f"{stack}.layers.{i}"  # the same path in both
+            attention(f"{layer}.self_attn", f"{layer}.self_attn")
+            norm(f"{layer}.self_attn_norm", f"{layer}.self_attn_layer_norm")
+            if stack == "decoder":
+                attention(f"{layer}.cross_attn", f"{layer}.encoder_attn")
+                norm(f"{layer}.cross_attn_norm", f"{layer}.encoder_attn_layer_norm")
+            feed_forward(layer, layer)
+            norm(f"{layer}.feed_forward_norm", f"{layer}.final_layer_norm")
+    return layers
+
+
 def _halves_to_interleaved(d_model: int) -> Tensor:
     """The permutation of the model dimension: aiayn's dimension a is Marian's ``perm[a]``
     (2i -> i, the sines; 2i + 1 -> d_model/2 + i, the cosines)."""
@@ -253,37 +292,9 @@ def from_marian_state(
     used.add("final_logits_bias")
     ours["output_bias"] = torch.zeros(model_config.tgt_vocab_size) if bias is None else bias.detach().float().view(-1)
 
-    def attention(ours_prefix: str, theirs: str) -> None:
-        q, k, v = (get(f"{theirs}.{x}_proj.weight") for x in "qkv")
-        ours[f"{ours_prefix}.in_proj.weight"] = torch.cat([q, k, v])[:, perm]  # reads d_model
-        ours[f"{ours_prefix}.in_proj.bias"] = torch.cat([get(f"{theirs}.{x}_proj.bias") for x in "qkv"])
-        ours[f"{ours_prefix}.out_proj.weight"] = get(f"{theirs}.out_proj.weight")[perm]  # writes d_model
-        ours[f"{ours_prefix}.out_proj.bias"] = get(f"{theirs}.out_proj.bias")[perm]
-
-    def norm(ours_prefix: str, theirs: str) -> None:
-        ours[f"{ours_prefix}.norm.weight"] = get(f"{theirs}.weight")[perm]
-        ours[f"{ours_prefix}.norm.bias"] = get(f"{theirs}.bias")[perm]
-
-    def feed_forward(ours_prefix: str, theirs: str) -> None:
-        ours[f"{ours_prefix}.feed_forward.linear1.weight"] = get(f"{theirs}.fc1.weight")[:, perm]
-        ours[f"{ours_prefix}.feed_forward.linear1.bias"] = get(f"{theirs}.fc1.bias")
-        ours[f"{ours_prefix}.feed_forward.linear2.weight"] = get(f"{theirs}.fc2.weight")[perm]
-        ours[f"{ours_prefix}.feed_forward.linear2.bias"] = get(f"{theirs}.fc2.bias")[perm]
-
-    for i in range(model_config.N):
-        a, m = f"encoder.layers.{i}", f"encoder.layers.{i}"
-        attention(f"{a}.self_attn", f"{m}.self_attn")
-        norm(f"{a}.self_attn_norm", f"{m}.self_attn_layer_norm")
-        feed_forward(a, m)
-        norm(f"{a}.feed_forward_norm", f"{m}.final_layer_norm")
-    for i in range(model_config.N_dec):
-        a, m = f"decoder.layers.{i}", f"decoder.layers.{i}"
-        attention(f"{a}.self_attn", f"{m}.self_attn")
-        norm(f"{a}.self_attn_norm", f"{m}.self_attn_layer_norm")
-        attention(f"{a}.cross_attn", f"{m}.encoder_attn")
-        norm(f"{a}.cross_attn_norm", f"{m}.encoder_attn_layer_norm")
-        feed_forward(a, m)
-        norm(f"{a}.feed_forward_norm", f"{m}.final_layer_norm")
+    for ours_name, theirs, side in _marian_layers(model_config):
+        tensor = torch.cat([get(name) for name in theirs])  # W^Q, W^K, W^V: one in_proj
+        ours[ours_name] = tensor[:, perm] if side == "reads" else tensor[perm] if side == "writes" else tensor
 
     positions = {"encoder.embed_positions.weight", "decoder.embed_positions.weight"}
     for name in positions & set(state):  # transformers uses a stored table: it must be the sinusoid
@@ -357,4 +368,75 @@ def convert_marian(src_dir: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     model.save_pretrained(out, converted_from=f"marian: {src.resolve()}")
     tokenizer.save(out)
+    return out
+
+
+# The other way: an aiayn Transformer as a Marian model ------------------------------------------
+
+
+def to_marian_state(model: Transformer) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The Marian ``config.json`` (a dict) and state dict (transformers' ``MarianMTModel`` names)
+    of ``model``: ``from_marian_state``'s inverse, the permutation of the model dimension undone.
+    Raises ``ValueError`` naming the setting for a model Marian cannot express (pre-norm, a final
+    layer norm, learned positions, restricted attention, d_k · h != d_model, other layer-norm ε)."""
+    c = model.config
+    problems = [
+        (c.norm_first, "norm_first=True (Marian is post-norm)"),
+        (c.final_norm, "final_norm=True (Marian has no layer norm after its stacks)"),
+        (c.positional != "sinusoidal", f"positional={c.positional!r} (Marian's are sinusoidal)"),
+        (c.attention_window is not None, "attention_window (Marian attends to every position)"),
+        (c.d_k * c.h != c.d_model or c.d_v != c.d_k, f"d_k={c.d_k}, d_v={c.d_v}, h={c.h} (Marian's: d_model / h)"),
+        (c.layer_norm_eps != 1e-5, f"layer_norm_eps={c.layer_norm_eps} (Marian's is 1e-5)"),
+        (c.d_model % 2 == 1, f"d_model={c.d_model} is odd"),
+    ]
+    named = [why for bad, why in problems if bad]
+    if named:
+        raise ValueError("Marian cannot express this model: " + "; ".join(named))
+    inverse = torch.argsort(_halves_to_interleaved(c.d_model))
+    ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    state: dict[str, Tensor] = {}
+    for ours_name, theirs, side in _marian_layers(c):
+        tensor = ours[ours_name]
+        tensor = tensor[:, inverse] if side == "reads" else tensor[inverse] if side == "writes" else tensor
+        for name, part in zip(theirs, tensor.chunk(len(theirs)), strict=True):  # W^Q, W^K, W^V: equal sizes
+            state[f"model.{name}"] = part.contiguous()
+    src, tgt = ours["src_embedding.weight"][:, inverse], ours["tgt_embedding.weight"][:, inverse]
+    state["model.encoder.embed_tokens.weight"], state["model.decoder.embed_tokens.weight"] = src, tgt.clone()
+    if c.share_embeddings:
+        state["model.shared.weight"] = src.clone()
+    state["lm_head.weight"] = tgt.clone() if c.tie_output else ours["output_projection.weight"][:, inverse]
+    bias = ours.get("output_bias", torch.zeros(c.tgt_vocab_size))
+    state["final_logits_bias"] = bias.view(1, -1).clone()
+    activation = {"relu": "relu", "gelu": "gelu", "silu": "swish"}[c.activation]
+    config = {
+        "model_type": "marian", "architectures": ["MarianMTModel"], "vocab_size": c.vocab_size,
+        "decoder_vocab_size": c.tgt_vocab_size, "share_encoder_decoder_embeddings": c.share_embeddings,
+        "tie_word_embeddings": c.tie_output,  # false: transformers unties every matrix (each is written)
+        "d_model": c.d_model, "encoder_layers": c.N, "decoder_layers": c.N_dec, "encoder_attention_heads": c.h,
+        "decoder_attention_heads": c.h, "encoder_ffn_dim": c.d_ff, "decoder_ffn_dim": c.d_ff,
+        "activation_function": activation, "dropout": c.P_drop, "attention_dropout": c.attention_dropout,
+        "activation_dropout": c.activation_dropout, "max_position_embeddings": c.max_len, "scale_embedding": True,
+        "pad_token_id": c.pad_id, "eos_token_id": c.eos_id, "decoder_start_token_id": c.bos_id,
+        "forced_eos_token_id": c.eos_id, "bad_words_ids": [[c.pad_id], *([i] for i in c.suppress_ids)],
+    }  # fmt: skip
+    return config, state
+
+
+def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write the aiayn model directory ``model_dir`` as a Hugging Face Marian directory that
+    transformers' ``MarianMTModel.from_pretrained`` reads (config.json, model.safetensors), with
+    the tokenizer's files: a converted OPUS-MT model's SentencePiece ones, which
+    ``MarianTokenizer`` reads, or aiayn's ``tokenizer.json`` (the ``tokenizers`` library's file)."""
+    import safetensors.torch
+
+    from .data.tokenizer import load_tokenizer, save_tokenizer
+
+    model = Transformer.from_pretrained(model_dir)
+    config, state = to_marian_state(model)
+    tokenizer = load_tokenizer(model_dir, model.config.vocab_size, model.config.tgt_vocab_size)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_tokenizer(tokenizer, out)
     return out
