@@ -82,8 +82,7 @@ def _load_model(directory: str, architecture: str = "Transformer"):
     from .data.tokenizer import load_tokenizer
 
     model = getattr(models, architecture).from_pretrained(directory).eval()
-    config = model.config
-    return model, load_tokenizer(directory, config.vocab_size, getattr(config, "tgt_vocab_size", None))
+    return model, load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -598,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write an aiayn model for another toolkit")
     targets = export.add_subparsers(dest="kind", required=True)
     to_marian = targets.add_parser(
-        "marian", help="a Hugging Face Marian directory (transformers, CTranslate2's converter); post-norm models"
+        "marian", help="a Hugging Face Marian directory that transformers reads; post-norm models"
     )
     to_marian.add_argument("model", help="the aiayn model directory")
     to_marian.add_argument("out", help="the Hugging Face model directory to write")

@@ -169,7 +169,7 @@ def marian_config(config: Mapping[str, Any], source: str = "config.json") -> Mod
     for name, value in _MARIAN_FIXED.items():
         if name in config and bool(config[name]) != value:
             fail(f"{name}={config[name]!r}: aiayn converts Marian models with {name}={value} only")
-    if not config.get("scale_embedding", False):  # MarianConfig's default; OPUS-MT models scale (§3.4)
+    if not config["scale_embedding"]:  # false by MarianConfig's default; OPUS-MT models scale (§3.4)
         fail("scale_embedding is false: aiayn scales the embeddings by √d_model (§3.4), as OPUS-MT models do")
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if config[a] != config[b]:
@@ -214,9 +214,9 @@ def _marian_sinusoid(length: int, d_model: int) -> Tensor:
 
 def _marian_layers(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """The layers' tensors, aiayn's name against Marian's (three for the fused W^Q, W^K, W^V),
-    with the side that meets the residual stream and so the permutation: ``reads`` (its input
-    columns), ``writes`` (its output rows, or a layer norm's or output bias's entries), or
-    ``neither`` (the heads' and the FFN's inner dimensions)."""
+    with the side that meets the residual stream and so the permutation (``_permute``): ``reads``
+    (its input columns), ``writes`` (its output rows, or a layer norm's entries), or ``neither``
+    (the heads' and the FFN's inner dimensions)."""
     layers = []
 
     def attention(ours: str, theirs: str) -> None:
@@ -246,6 +246,11 @@ def _marian_layers(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]
             feed_forward(layer, layer)
             norm(f"{layer}.feed_forward_norm", f"{layer}.final_layer_norm")
     return layers
+
+
+def _permute(tensor: Tensor, side: str, order: Tensor) -> Tensor:
+    """``tensor``'s model dimension in ``order``, on its ``side`` (``_marian_layers``)."""
+    return tensor[:, order] if side == "reads" else tensor[order] if side == "writes" else tensor
 
 
 def _halves_to_interleaved(d_model: int) -> Tensor:
@@ -293,8 +298,7 @@ def from_marian_state(
     ours["output_bias"] = torch.zeros(model_config.tgt_vocab_size) if bias is None else bias.detach().float().view(-1)
 
     for ours_name, theirs, side in _marian_layers(model_config):
-        tensor = torch.cat([get(name) for name in theirs])  # W^Q, W^K, W^V: one in_proj
-        ours[ours_name] = tensor[:, perm] if side == "reads" else tensor[perm] if side == "writes" else tensor
+        ours[ours_name] = _permute(torch.cat([get(name) for name in theirs]), side, perm)  # W^Q, W^K, W^V: in_proj
 
     positions = {"encoder.embed_positions.weight", "decoder.embed_positions.weight"}
     for name in positions & set(state):  # transformers uses a stored table: it must be the sinusoid
@@ -396,8 +400,7 @@ def to_marian_state(model: Transformer) -> tuple[dict[str, Any], dict[str, Tenso
     ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     state: dict[str, Tensor] = {}
     for ours_name, theirs, side in _marian_layers(c):
-        tensor = ours[ours_name]
-        tensor = tensor[:, inverse] if side == "reads" else tensor[inverse] if side == "writes" else tensor
+        tensor = _permute(ours[ours_name], side, inverse)
         for name, part in zip(theirs, tensor.chunk(len(theirs)), strict=True):  # W^Q, W^K, W^V: equal sizes
             state[f"model.{name}"] = part.contiguous()
     src, tgt = ours["src_embedding.weight"][:, inverse], ours["tgt_embedding.weight"][:, inverse]

@@ -6,9 +6,10 @@ An ASGI app (Starlette, served by uvicorn: the ``serve`` extra) over one ``Trans
 - ``POST /translate`` ``{"texts": [...], "beam": 4, "alpha": 0.6, "max_len_a": 50,
   "no_repeat_ngram_size": 0}`` (all but ``texts`` optional) -> ``{"translations": [...]}``, what
   ``aiayn translate`` prints for the same texts and options;
-- ``POST /attention`` ``{"text": "..."}`` -> the sentence's greedy translation and every attention
-  weight the model used (``aiayn.viz.translation_attention``, what ``aiayn attention`` draws);
-- ``GET /health`` -> ``{"status": "ok", "queued": texts waiting}``;
+- ``POST /attention`` ``{"text": "...", "beam": 1, "alpha": 0.6}`` -> the sentence's translation
+  and every attention weight the model used for it (``aiayn.viz.translation_attention``, what
+  ``aiayn attention`` draws);
+- ``GET /health`` -> ``{"status": "ok", "queued": texts waiting}`` (500 once the worker has stopped);
 - ``GET /`` -> the explorer (``explorer.html``: plain HTML and JavaScript, no build step).
 
 Concurrent requests are batched (``Batcher``): the texts of every request that arrives while the
@@ -20,8 +21,9 @@ searches guarantee it for float weights), so batching changes speed, not output.
 event loop keeps answering (``/health``, refusals) while it translates.
 
 Bad input gets a 4xx and a JSON ``{"error": ...}``: a body that is not JSON (400), a field of the
-wrong type or value, an unknown field or an empty list (422), too many or too long texts (413).
-A client that disconnects before its answer does not disturb the others.
+wrong type or value, an unknown field, an empty list or invalid Unicode (422), a body, text count
+or text over its limit (413); a failure inside is a JSON 500, and the worker goes on. A client
+that disconnects before its answer does not disturb the others.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ class ServeOptions:
     batch_tokens: int = 16384  # source tokens the model gets at once, across requests
     max_tokens: int = 4096  # positions per batch inside the model (Translator.translate's)
     max_beam: int = 16
-    max_len_a: int = 1024  # the searches' own bound (decode.translate_ids)
 
     def __post_init__(self) -> None:
         if self.max_queue < self.max_texts:
@@ -263,16 +264,17 @@ def _texts(value: Any, options: ServeOptions, name: str = "texts") -> list[str]:
     return value
 
 
-def _search(data: dict[str, Any], options: ServeOptions, fields: tuple[str, ...] = tuple(SEARCH_FIELDS)) -> dict:
-    """The search options of a request body (the ``fields`` of ``SEARCH_FIELDS``), checked;
-    defaults: ``aiayn translate``'s."""
+def _search(
+    data: dict[str, Any], options: ServeOptions, body: str, fields: tuple[str, ...] = tuple(SEARCH_FIELDS)
+) -> dict:
+    """The search options of a request body whose text field is ``body`` (the ``fields`` of
+    ``SEARCH_FIELDS``), checked; defaults: ``aiayn translate``'s."""
     search = {}
     for name, value in data.items():
-        if name in ("texts", "text"):
+        if name == body:
             continue
         if name not in fields:
-            known = ", ".join([*(["texts"] if "max_len_a" in fields else ["text"]), *fields])
-            raise HTTPError(422, f"unknown field {name!r}; known fields: {known}")
+            raise HTTPError(422, f"unknown field {name!r}; known fields: {', '.join([body, *fields])}")
         kind, low, high = SEARCH_FIELDS[name]
         high = options.max_beam if name == "beam" else high
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -346,7 +348,7 @@ def create_app(
         if "texts" not in data:
             raise HTTPError(422, "the body needs texts: a list of strings")
         texts = _texts(data["texts"], options)
-        return JSONResponse({"translations": await batcher.translate(texts, _search(data, options))})
+        return JSONResponse({"translations": await batcher.translate(texts, _search(data, options, "texts"))})
 
     @handles_errors
     async def attention(request: Any) -> Any:
@@ -356,7 +358,7 @@ def create_app(
         (text,) = _texts([data["text"]], options, "text")
         if not text.strip():
             raise HTTPError(422, "text is empty")
-        search = _search(data, options, ("beam", "alpha"))
+        search = _search(data, options, "text", ("beam", "alpha"))
 
         def weights() -> dict[str, Any]:
             return attention_json(translation_attention(model, translator.tokenizer, text, **search))

@@ -68,17 +68,10 @@ class SentencePieceTokenizer:
         self.eos_id, self.unk_id, self.pad_id = vocab["</s>"], vocab["<unk>"], vocab["<pad>"]
         self.bos_id = self.pad_id  # Marian's decoder_start_token_id
         self.vocab, self.target_vocab = vocab, target_vocab
+        self.vocab_size = max(self._source_pieces) + 1  # source (and shared) vocabulary: the largest id + 1
+        self.target_vocab_size = max(self._target_pieces) + 1
         self._source = _processor(source_spm, SOURCE_SPM)
         self._target = _processor(target_spm, TARGET_SPM)
-
-    @property
-    def vocab_size(self) -> int:
-        """Source (and shared) vocabulary size: the largest id + 1."""
-        return max(self._source_pieces) + 1
-
-    @property
-    def target_vocab_size(self) -> int:
-        return max(self._target_pieces) + 1
 
     def encode(self, text: str, target: bool = False) -> list[int]:
         """Token ids of ``text`` (no EOS): ``MarianTokenizer(text).input_ids`` without its EOS, or
@@ -114,9 +107,9 @@ class SentencePieceTokenizer:
         """One display string per id, special tokens as written; from the target vocabulary with
         ``target`` (where it is separate), else the source one."""
         vocab = self._target_pieces if target else self._source_pieces
-        size = self.target_vocab_size if target else self.vocab_size
         missing = [i for i in ids if i not in vocab]
         if missing:
+            size = self.target_vocab_size if target else self.vocab_size
             raise ValueError(f"tokenizer: no token has id {missing[0]} (vocabulary size {size})")
         return [vocab[i] for i in ids]
 

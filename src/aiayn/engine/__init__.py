@@ -8,8 +8,9 @@
 beyond them, made once there and never re-checked at a call:
 - the projections as ``PackedLinear`` layers (``linear.py``), with packed oneDNN weights where
   ``EngineOptions.gemm`` takes them, or dynamically quantized int8 ones (``quantize.py``);
-- encoder-decoder attention with separate Q and [K; V] projections, and an untied copy of a
-  tied pre-softmax projection (``engine_projection``), so that every product is one layer;
+- encoder-decoder attention with separate Q and [K; V] projections, and the pre-softmax
+  projection as one layer (``engine_projection``), holding the tied embedding's weight and any
+  output bias, so that every product is one layer;
 - the ``EngineOptions`` it was prepared with (``engine``).
 The searches of ``aiayn.decode`` run a prepared model through ``step.Decoding``: the engine's
 cache (``cache.py``: reserved buffers, beams sharing the source's K/V) and the flat decoding
@@ -93,15 +94,15 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
     prepared = copy.deepcopy(model, memo=shared).eval()
     for layer in prepared.decoder.layers:
         layer.cross_attn = SplitCrossAttention(layer.cross_attn)
-    if prepared.output_projection is None or prepared.output_bias is not None:
-        # tied to the embedding, or with an output bias: one more layer on the weight (and bias)
+    own_layer = prepared.output_projection is None or prepared.output_bias is not None
+    if own_layer:  # tied to the embedding, or with an output bias: one layer on the weight and bias
         weight = (prepared.tgt_embedding if prepared.output_projection is None else prepared.output_projection).weight
         prepared.engine_projection = _linear(weight, prepared.output_bias)
     if quantize == "int8":
         quantize_dynamic_int8(prepared)
     else:
         _pack(prepared, options)
-    if not hasattr(prepared, "engine_projection"):
+    if not own_layer:  # the untied projection itself, packed or quantized above
         prepared.engine_projection = prepared.output_projection
     prepared.engine = options
     return prepared
