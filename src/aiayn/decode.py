@@ -32,7 +32,7 @@ Conventions shared by greedy and beam search (as in fairseq):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ from .model import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 
 __all__ = [
     "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
-    "sample", "sample_next", "translate_ids",
+    "sample", "sample_next", "translate_continuous", "translate_ids",
 ]  # fmt: skip
 
 
@@ -151,6 +151,9 @@ class _Plain:
     def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
         self.cache.reorder(rows)
 
+    def freeze(self, rows: Tensor) -> None:  # rows all start together here: their positions are shared
+        pass
+
 
 class _Recompute(_Plain):
     """As ``_Plain``, but recomputing each row's whole prefix at every step, without a cache (the
@@ -253,7 +256,7 @@ class _Greedy:
 
     K = 1
 
-    def start(self, sentences: Tensor) -> None:
+    def join(self, sentences: Tensor) -> None:
         pass
 
     def scores(self, logits: Tensor) -> Tensor:
@@ -306,9 +309,10 @@ class _Beam:
         self.log_p: Tensor | None = None  # (n, K): log P of each live beam
         self.finished: dict[int, list[Hypothesis]] = {}
 
-    def start(self, sentences: Tensor) -> None:
-        self.log_p = torch.full((sentences.numel(), self.K), -torch.inf, device=sentences.device)
-        self.log_p[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
+    def join(self, sentences: Tensor) -> None:
+        fresh = torch.full((sentences.numel(), self.K), -torch.inf, device=sentences.device)
+        fresh[:, 0] = 0.0  # at first every beam is the same empty prefix: expand only one
+        self.log_p = fresh if self.log_p is None else torch.cat([self.log_p, fresh])
         self.finished.update((i, []) for i in sentences.tolist())
 
     def scores(self, logits: Tensor) -> Tensor:
@@ -372,15 +376,37 @@ class _Rows:
         last = sentences.new_full((n * K,), config.bos_id)
         return cls(sentences, limit, limit.new_zeros(n), limit.new_zeros(n, dtype=torch.bool), last, out, config.eos_id)
 
+    def join(self, sentences: Tensor, limit: Tensor, K: int, config: ModelConfig) -> None:
+        """``sentences`` ``(n',)`` join after the rows decoding, K rows each, at BOS."""
+        new = _Rows.start(sentences, limit, K, config)
+        self.sentence, self.limit = torch.cat([self.sentence, sentences]), torch.cat([self.limit, limit])
+        self.steps, self.done = torch.cat([self.steps, new.steps]), torch.cat([self.done, new.done])
+        self.last = torch.cat([self.last, new.last])
+        width = max(self.out.size(1), new.out.size(1))
+        self.out = torch.cat([F.pad(self.out, (0, width - self.out.size(1)), value=config.pad_id),
+                              F.pad(new.out, (0, width - new.out.size(1)), value=config.pad_id)])  # fmt: skip
+
+
+# What a search takes in next: given how many sentences are decoding (0: none), a batch of
+# ``(sentence indices (B,), padded sources (B, S))`` to join them, or None for none now.
+Feed = Callable[[int], "tuple[Tensor, Tensor] | None"]
+
+
+def _in_turn(batches: Iterable[tuple[Tensor, Tensor]]) -> Feed:
+    """The feed of batch-by-batch decoding: the next batch once the last one has ended."""
+    pending = iter(batches)
+    return lambda live: next(pending, None) if live == 0 else None
+
 
 @torch.no_grad()
 def _search(
     model: Transformer,
-    batches: Sequence[tuple[Tensor, Tensor]],
+    batches: Iterable[tuple[Tensor, Tensor]] | None,
     strategy: _Greedy | _Beam,
     rules: list,
     limits: Callable[[Tensor], Tensor],
     use_cache: bool = True,
+    feed: Feed | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Run ``strategy`` over ``batches`` of ``(sentence indices (B,), padded sources (B, S))``
     (for a decoder-only model: prompts), each with output limits ``limits(src)`` ``(B,)``,
@@ -393,36 +419,58 @@ def _search(
     on; the cache follows the rows (``reorder``). Batch after batch: a batch runs until its last
     sentence ends. With float weights each sentence's result is what it gets decoded alone
     (tested on the CPU); int8 activations are scaled by the whole batch's range.
+
+    ``feed`` instead of ``batches`` (``translate_continuous``): asked before every step, it may
+    bring sentences to join those decoding, at their own position 0 (``Decoding.add``: on the
+    engine, without an attention window; elsewhere only once the batch has ended). The search
+    ends when nothing decodes and the feed brings nothing.
     """
     config, K = model.config, strategy.K
-    for sentences, src in batches:
-        limit = limits(src)
-        state = _decoding(model, src, K, int(limit.max()), use_cache)
-        rows = _Rows.start(sentences, limit, K, config)
-        strategy.start(sentences)
-        while True:
-            logits = state(rows.last).float()  # (R, V)
-            steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
-            limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
-            out = rows.out
-            step = _Step(steps + 1, limit, lambda: _histories(out, steps, config.bos_id))  # noqa: B023
-            scores = strategy.scores(logits)
-            for rule in rules:
-                scores = rule(scores, step)
-            token, parents, keep, results = strategy.step(scores, rows)
-            yield from results
-            if parents is not None:
-                if parents.numel() == 0:  # every sentence of the batch has ended
-                    break
-                state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
-                rows.select(keep, parents)
-            # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
-            rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
-            rows.last = token
-            if rows.n_done:  # greedy's ended rows, still in the batch
-                rows.steps = rows.steps + (~rows.done).long()
-            else:
-                rows.steps = rows.steps + 1
+    feed = _in_turn(batches) if feed is None else feed
+    state = rows = None
+    while True:
+        if state is None:
+            batch = feed(0)
+            if batch is None:
+                return
+            sentences, src = batch
+            limit = limits(src)
+            state = _decoding(model, src, K, int(limit.max()), use_cache)
+            joinable = isinstance(state, Decoding) and config.attention_window is None
+            rows = _Rows.start(sentences, limit, K, config)
+            strategy.join(sentences)
+        elif joinable:
+            batch = feed(rows.sentence.numel() - rows.n_done)
+            if batch is not None:
+                sentences, src = batch
+                limit = limits(src)
+                state.add(src)
+                rows.join(sentences, limit, K, config)
+                strategy.join(sentences)
+        logits = state(rows.last).float()  # (R, V)
+        steps = rows.steps.repeat_interleave(K) if K > 1 else rows.steps  # (R,)
+        limit = rows.limit.repeat_interleave(K) if K > 1 else rows.limit
+        out = rows.out
+        step = _Step(steps + 1, limit, lambda: _histories(out, steps, config.bos_id))  # noqa: B023
+        scores = strategy.scores(logits)
+        for rule in rules:
+            scores = rule(scores, step)
+        token, parents, keep, results = strategy.step(scores, rows)
+        yield from results
+        if parents is not None:
+            if parents.numel() == 0:  # every sentence decoding has ended
+                state = rows = None
+                continue
+            state.reorder(parents, sentences_changed=keep.numel() < rows.sentence.numel())
+            rows.select(keep, parents)
+        # an ended row (greedy, until it leaves) writes after its last token, where nothing reads
+        rows.out.scatter_(1, (rows.steps.repeat_interleave(K) if K > 1 else rows.steps)[:, None], token[:, None])
+        rows.last = token
+        if rows.n_done:  # greedy's ended rows, still in the batch
+            rows.steps = rows.steps + (~rows.done).long()
+            state.freeze(rows.done)
+        else:
+            rows.steps = rows.steps + 1
 
 
 @torch.no_grad()
@@ -578,6 +626,50 @@ def translate_ids(
     if progress is True:
         bar.close()
     return results
+
+
+@torch.no_grad()
+def translate_continuous(
+    model: Transformer,
+    feed: Callable[[int], tuple[Sequence[int], Sequence[Sequence[int]]] | None],
+    max_len_a: int = 50,
+    beam: int = 1,
+    alpha: float = 0.6,
+    nbest: int = 1,
+    no_repeat_ngram_size: int = 0,
+) -> Iterator[tuple[int, list[int] | list[Hypothesis]]]:
+    """Continuous batching (not in the paper; the iteration-level scheduling of Orca, Yu et al.,
+    2022): sentences join a running search as others end, instead of waiting for its last one.
+
+    Before every step ``feed(live)`` is told how many sentences are decoding (0: none) and returns
+    ``(keys, sources)`` to join them (sources: token ids without EOS; keys: ints naming them) or
+    None. Yields ``(key, result)`` as each sentence ends, the result as ``translate_ids``'s; ends
+    when nothing decodes and the feed brings nothing. Joining rows start at position 0 beside the
+    others (``Decoding.add``), on a model from ``aiayn.engine.prepare`` without an attention
+    window; any other model takes a feed's sentences only once the batch has ended. With float
+    weights each result is what the sentence gets decoded alone.
+    """
+    _check(beam, nbest, no_repeat_ngram_size)
+    config = model.config
+    longest = max(config.max_len, MAX_LEN_A)
+    if not 0 <= max_len_a <= longest:
+        raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
+    device = next(model.parameters()).device
+    greedy = beam == 1 and nbest == 1
+    strategy = _Greedy() if greedy else _Beam(beam, alpha, nbest)
+
+    def batches(live: int) -> tuple[Tensor, Tensor] | None:
+        taken = feed(live)
+        if taken is None or not len(taken[0]):
+            return None
+        keys, sources = taken
+        if len(keys) != len(sources):
+            raise ValueError(f"the feed gave {len(keys)} keys for {len(sources)} sources")
+        return torch.tensor(list(keys), device=device), _source_tensor(sources, config, device)
+
+    limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=None)
+    for key, result in _search(model, None, strategy, _rules(config, 0, no_repeat_ngram_size), limits, feed=batches):
+        yield key, (result if greedy or nbest > 1 else result[0].tokens)
 
 
 # Sampling from a decoder-only language model; filling masks with an encoder-only one ---------

@@ -29,15 +29,21 @@ that disconnects before its answer does not disturb the others.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
+import inspect
+import itertools
 import json
 import logging
 import math
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from .decode import translate_continuous
 from .model import Transformer
 from .translator import Translator
 
@@ -50,6 +56,10 @@ SEARCH_FIELDS = {
     "beam": (int, 1, None), "alpha": (float, None, None), "max_len_a": (int, 0, 1024),
     "no_repeat_ngram_size": (int, 0, 1024),
 }  # fmt: skip
+# what a request leaves out: Translator.translate's defaults, as `aiayn translate`'s
+SEARCH_DEFAULTS = {
+    name: p.default for name, p in inspect.signature(Translator.translate).parameters.items() if name in SEARCH_FIELDS
+}
 
 
 @dataclass(frozen=True)
@@ -58,10 +68,8 @@ class ServeOptions:
 
     max_texts: int = 64  # texts per request (413 beyond)
     max_chars: int = 2000  # characters per text (413 beyond); the model truncates at its max_len tokens
-    max_queue: int = 1024  # texts waiting for the model (503 beyond)
-    window_ms: float = 5.0  # a batch waits this long after its first request for more, when the model is idle
-    batch_tokens: int = 16384  # source tokens the model gets at once, across requests
-    max_tokens: int = 4096  # positions per batch inside the model (Translator.translate's)
+    max_queue: int = 1024  # texts waiting for the model or decoding (503 beyond)
+    batch_tokens: int = 16384  # source positions decoding together: sentences x the longest source
     max_beam: int = 16
 
     def __post_init__(self) -> None:
@@ -75,22 +83,67 @@ class ServeOptions:
         return self.max_texts * (6 * self.max_chars + 8) + 4096
 
 
+# Texts waiting join the sentences decoding once they are at least 1 / JOIN_FRACTION as many (or
+# nothing decodes): each join encodes the newcomers and copies every layer's cache once.
+JOIN_FRACTION = 4
+
+
 class HTTPError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
+class _Stopping(Exception):
+    """The server is shutting down (``Batcher.stop``)."""
+
+
+_STOP = object()  # the inbox's last item
+
+
 @dataclass
 class _Job:
+    """One request's texts on their way through the model thread."""
+
     texts: list[str]
-    tokens: int
-    search: tuple[tuple[str, Any], ...]  # sorted (name, value): requests with equal searches share batches
+    search: tuple[tuple[str, Any], ...]  # sorted (name, value): texts of equal searches decode together
     future: asyncio.Future = field(repr=False)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+    results: list[str | None] = field(default_factory=list)
+    sources: list[list[int]] | None = None  # token ids, once the model thread has encoded them
+    next: int = 0  # the next text to join the search
+    left: int = 0  # texts not yet translated
+
+    def __post_init__(self) -> None:
+        self.results, self.left = [None] * len(self.texts), len(self.texts)
+
+    def settle(self, error: BaseException | None = None) -> None:
+        """Hand the results (or ``error``) to the request, from any thread; once."""
+        self.left = -1
+
+        def set_() -> None:
+            if not self.future.done():
+                if error is None:
+                    self.future.set_result(self.results)
+                else:
+                    self.future.set_exception(error)
+
+        self.loop.call_soon_threadsafe(set_)
+
+
+@dataclass
+class _Call:
+    """A function for the model thread (``Batcher.call``), its result for ``future``."""
+
+    fn: Any
+    future: asyncio.Future = field(repr=False)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
 
 
 class Batcher:
-    """Gathers the texts of concurrent requests into batches for one ``Translator`` (module docstring)."""
+    """Continuous batching of concurrent requests for one ``Translator`` (module docstring): the
+    model thread runs one search (``aiayn.decode.translate_continuous``) that texts join as others
+    end, and answers each request as soon as its last text has ended."""
 
     def __init__(
         self, translator: Translator, options: ServeOptions, executor: ThreadPoolExecutor | None = None
@@ -98,28 +151,33 @@ class Batcher:
         self.translator, self.options = translator, options
         self.queued = 0  # texts waiting or being translated
         self.executor = executor or model_thread()
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._worker: asyncio.Task | None = None
+        self.joins = 0  # times texts joined a search (or started one)
+        self.most_decoding = 0  # the most sentences decoded together
+        self._inbox: queue.SimpleQueue | None = None
+        self._worker: asyncio.Future | None = None
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._worker = asyncio.create_task(self._run())
+        self._inbox = queue.SimpleQueue()
+        self._worker = asyncio.wrap_future(self.executor.submit(self._serve))
 
     async def stop(self) -> None:
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            self._inbox.put(_STOP)
+            with contextlib.suppress(Exception):
                 await self._worker
         self._worker = None  # the model's thread stays: the app may start again
 
     @property
     def alive(self) -> bool:
-        """Whether the worker that feeds the model runs (``/health`` says so)."""
+        """Whether the model thread's loop runs (``/health`` says so)."""
         return self._worker is not None and not self._worker.done()
 
     async def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the model's thread (after what runs there now)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """``fn(*args)`` on the model's thread, between two decoding steps."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(_Call(functools.partial(fn, *args), future, loop))
+        return await asyncio.shield(future)
 
     def admit(self, n: int) -> None:
         """Count ``n`` more texts waiting for the model; 503 when the queue is full."""
@@ -135,10 +193,10 @@ class Batcher:
         """The translations of ``texts``, batched with other requests'; 503 when the queue is full."""
         self.admit(len(texts))
         try:
-            tokens = sum(len(self.translator.tokenizer.encode(t)) + 1 for t in texts)
-            future = asyncio.get_running_loop().create_future()
-            self._queue.put_nowait(_Job(texts, tokens, tuple(sorted(search.items())), future))
-            return await asyncio.shield(future)  # a cancelled request leaves its batch alone
+            loop = asyncio.get_running_loop()
+            job = _Job(list(texts), tuple(sorted(search.items())), loop.create_future(), loop)
+            self._inbox.put(job)
+            return await asyncio.shield(job.future)  # a cancelled request leaves the search alone
         finally:
             self.queued -= len(texts)
 
@@ -150,63 +208,128 @@ class Batcher:
         finally:
             self.queued -= n
 
-    async def _run(self) -> None:
-        """The worker: take a job, gather what else is queued (waiting ``window_ms`` for more only
-        while nothing else is), translate each group of equal searches, hand out the results. A
-        failure fails the requests of its batch, not the worker."""
+    # On the model thread ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """The model thread's loop: wait for a job, then decode the searches of the jobs waiting,
+        oldest first, until stopped. A failure fails the requests it touched, not the loop."""
+        waiting: collections.deque[_Job] = collections.deque()  # in arrival order
+        try:
+            while True:
+                if not waiting:
+                    self._take(waiting, block=True)
+                self._decode(waiting, waiting[0].search)
+        except _Stopping:
+            for job in waiting:
+                job.settle(HTTPError(503, "the server is shutting down"))
+
+    def _take(self, waiting: collections.deque[_Job], block: bool) -> None:
+        """Move what the inbox holds into ``waiting``, running calls at once; with ``block``, wait
+        until there is a job."""
         while True:
-            jobs = [await self._queue.get()]
             try:
-                await self._gather(jobs)
-                groups: dict[tuple, list[_Job]] = {}
-                for job in jobs:
-                    groups.setdefault(job.search, []).append(job)
-                for search, group in groups.items():
-                    texts = [t for job in group for t in job.texts]
-                    try:
-                        results = await self.call(self._translate, texts, dict(search))
-                    except Exception as e:  # the model failed: every request of the batch hears why
-                        _fail(group, e)
-                        continue
-                    start = 0
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_result(results[start : start + len(job.texts)])
-                        start += len(job.texts)
-            except asyncio.CancelledError:
-                _fail(jobs, HTTPError(503, "the server is shutting down"))
-                raise
-            except Exception as e:  # a bug here must not leave requests waiting forever
-                log.exception("aiayn serve: the batch failed")
-                _fail(jobs, e)
-
-    async def _gather(self, jobs: list[_Job]) -> None:
-        """Add to ``jobs`` what is queued, up to ``batch_tokens``; while the queue is empty, wait
-        up to ``window_ms`` after the first job for more."""
-        loop = asyncio.get_running_loop()
-        tokens, deadline = jobs[0].tokens, loop.time() + self.options.window_ms / 1000
-        while tokens < self.options.batch_tokens:
-            try:
-                job = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return
+                item = self._inbox.get(block=block and not waiting)
+            except queue.Empty:
+                return
+            if item is _STOP:
+                raise _Stopping
+            if isinstance(item, _Call):
                 try:
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except asyncio.TimeoutError:  # not TimeoutError: Python 3.10's differs
-                    return
-            jobs.append(job)
-            tokens += job.tokens
+                    result, error = item.fn(), None
+                except Exception as e:
+                    result, error = None, e
+                item.loop.call_soon_threadsafe(_settle_call, item.future, result, error)
+            else:
+                waiting.append(item)
 
-    def _translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
-        return self.translator.translate(texts, max_tokens=self.options.max_tokens, **search)
+    def _decode(self, waiting: collections.deque[_Job], search: tuple) -> None:
+        """One continuous search for the texts of ``search``: those at the head of ``waiting`` join
+        it as they come (``feed``), until the head asks for another search and the sentences
+        decoding have ended."""
+        decoding: dict[int, tuple[_Job, int, int]] = {}  # key -> (job, text index, source positions)
+        keys = itertools.count()
+
+        def feed(live: int) -> tuple[list[int], list[list[int]]] | None:
+            self._take(waiting, block=False)
+            ready = sum(len(j.texts) - j.next for j in itertools.takewhile(lambda j: j.search == search, waiting))
+            if not ready or (live and ready * JOIN_FRACTION < live):
+                return None
+            taken: tuple[list[int], list[list[int]]] = ([], [])
+            width = max((n for _, _, n in decoding.values()), default=0)
+            while waiting and waiting[0].search == search:
+                job = waiting[0]
+                if job.sources is None and not self._encode(job):
+                    waiting.popleft()
+                    continue
+                while job.next < len(job.texts):
+                    ids, i = job.sources[job.next], job.next
+                    if not job.texts[i].strip():  # nothing to translate: "" at once, as Translator gives
+                        job.results[i], job.left, job.next = "", job.left - 1, i + 1
+                        continue
+                    n, width = len(decoding) + 1, max(width, len(ids) + 1)
+                    if (live or taken[0]) and n * width > self.options.batch_tokens:
+                        return self._joined(taken, live)
+                    key = next(keys)
+                    decoding[key] = (job, i, len(ids) + 1)
+                    taken[0].append(key)
+                    taken[1].append(ids)
+                    job.next = i + 1
+                if job.left == 0:
+                    job.settle()
+                waiting.popleft()
+            return self._joined(taken, live)
+
+        tokenizer = self.translator.tokenizer
+        try:
+            options = {**SEARCH_DEFAULTS, **dict(search)}
+            for key, tokens in translate_continuous(self.translator.model, feed, **options):
+                job, i, _ = decoding.pop(key)
+                job.results[i], job.left = tokenizer.decode(tokens), job.left - 1
+                if job.left == 0:
+                    job.settle()
+        except _Stopping:
+            self._fail(decoding, waiting, HTTPError(503, "the server is shutting down"))
+            raise
+        except Exception as e:  # the model failed: every request decoding hears why
+            log.exception("aiayn serve: the search failed")
+            self._fail(decoding, waiting, e)
+
+    def _joined(self, taken: tuple[list[int], list[list[int]]], live: int) -> tuple | None:
+        if not taken[0]:
+            return None
+        self.joins += 1
+        self.most_decoding = max(self.most_decoding, live + len(taken[0]))
+        return taken
+
+    def _encode(self, job: _Job) -> bool:
+        """The job's token ids (truncated to the model's length, with a warning); a failure
+        fails the job alone."""
+        try:
+            job.sources = self.translator.encode(job.texts)
+        except Exception as e:
+            log.exception("aiayn serve: encoding failed")
+            job.settle(e)
+            return False
+        return True
+
+    @staticmethod
+    def _fail(decoding: dict, waiting: collections.deque[_Job], error: Exception) -> None:
+        """Fail the jobs with texts decoding (and drop them from ``waiting``, where partly joined)."""
+        jobs = {id(job): job for job, _, _ in decoding.values()}
+        for job in jobs.values():
+            if job.left >= 0:
+                job.settle(error)
+        while waiting and id(waiting[0]) in jobs:
+            waiting.popleft()
+        decoding.clear()
 
 
-def _fail(jobs: list[_Job], error: Exception) -> None:
-    for job in jobs:
-        if not job.future.done():
-            job.future.set_exception(error)
+def _settle_call(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
 
 
 def model_thread() -> ThreadPoolExecutor:

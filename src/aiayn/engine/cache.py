@@ -8,7 +8,10 @@ H heads, L cached positions, S source length, D_k / D_v per-head sizes.
 Beyond ``aiayn.model.cache.KVCache``:
 - keys and values in buffers reserved for the longest output (``reserve``), so that a step's
   append copies only the new position and gathering rows by beam parent only the filled ones;
-- grouped encoder-decoder K/V (``expand``): the K beams of a sentence share its one row.
+- grouped encoder-decoder K/V (``expand``): the K beams of a sentence share its one row;
+- rows added while others decode (``add_rows``), each at its own position (``positions``), and
+  leading positions no row attends to any more dropped (``drop_leading``): continuous batching
+  (``aiayn.decode.translate_continuous``, which ``aiayn serve`` runs).
 """
 
 from __future__ import annotations
@@ -71,6 +74,41 @@ class AttentionCache:
         self.length = end
         return self.k, self.v
 
+    def add_rows(self, other: AttentionCache, rows: int) -> None:
+        """Append ``rows`` rows, ``other``'s, after this cache's. Self-attention: the new rows
+        get zeros at this cache's positions so far (the caller masks them) and must hold none of
+        their own. Encoder-decoder (static): both are padded with zeros to the longer source."""
+        if self.static != other.static:
+            raise ValueError("cannot join a self-attention cache and an encoder-decoder one")
+        if not self.static and other.length:
+            raise ValueError("rows joining a self-attention cache must not hold positions yet")
+        if self._k is None:
+            return
+        B, H, L = self._k.size(0), self._k.size(1), self.length
+        S = max(L, other.length) if self.static else self._k.size(2)  # static: source positions
+        k = self._k.new_empty(B + rows, H, S, self._k.size(3))  # (B + rows, H, S, D_k)
+        v = self._v.new_empty(B + rows, H, S, self._v.size(3))
+        k[:B, :, :L], v[:B, :, :L] = self._k[:, :, :L], self._v[:, :, :L]
+        # what a mask hides must still be finite (a weight of 0 times NaN is NaN): zeros, not
+        # the buffer's old bytes; positions past the length are written before they are read
+        if self.static:
+            k[B:, :, : other.length], v[B:, :, : other.length] = other._k, other._v
+            k[:B, :, L:], v[:B, :, L:], k[B:, :, other.length :], v[B:, :, other.length :] = 0, 0, 0, 0
+            self.length = S
+        else:
+            k[B:, :, :L], v[B:, :, :L] = 0, 0
+        self._k, self._v, self._spare = k, v, None
+
+    @property
+    def rows(self) -> int:
+        return 0 if self._k is None else self._k.size(0)
+
+    def drop_leading(self, n: int) -> None:
+        """Forget the first ``n`` positions (masked in every row): views, no copy."""
+        if n and self._k is not None:
+            self._k, self._v, self._spare = self._k[:, :, n:], self._v[:, :, n:], None
+            self.length -= n
+
     def reorder(self, indices: Tensor) -> None:
         """Select batch rows: row b of the result is row ``indices[b]`` (beam search parents)."""
         if self._k is None:
@@ -103,6 +141,9 @@ class EngineCache(KVCache):
         the next step).
         ``group``: how many consecutive decoder rows share one row of the encoder-decoder K/V
         and memory mask (the beams of one sentence: ``expand(K)``); 1 otherwise.
+        ``positions``: None while every row's next token is at position ``length``; with rows
+        that joined later (``add_rows``: sentences joining as others end) the position of each
+        row's next token ``(B,)``, the cached positions before its first masked.
 
     The engine's decoding step (``step.py``) reads and extends it; modules never keep it. ``reorder(indices)``
     gathers every layer's rows by parent, for beam search. ``expand(K)`` turns each row into K
@@ -111,6 +152,10 @@ class EngineCache(KVCache):
     """
 
     layer_cache = AttentionCache
+
+    def __init__(self, num_layers: int, cross: bool = False, memory_mask: Tensor | None = None) -> None:
+        super().__init__(num_layers, cross, memory_mask)
+        self.positions: Tensor | None = None
 
     @property
     def group(self) -> int:
@@ -148,6 +193,8 @@ class EngineCache(KVCache):
             layer_cache.reorder(indices)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, indices)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, indices)
         if cross:
             G = self.group
             sentences = indices[::G] // G if G > 1 else indices
@@ -155,4 +202,59 @@ class EngineCache(KVCache):
                 layer_cache.reorder(sentences)
             if self.memory_mask is not None:
                 self.memory_mask = self.memory_mask.index_select(0, sentences)
+                if self.positions is not None:  # rows joined: the sources left may all be shorter
+                    self._trim_sources()
         return self
+
+    def _trim_sources(self) -> None:
+        """Forget the trailing source positions that are padding in every row (a long source
+        that joined has ended): views, no copy."""
+        real = self.memory_mask.reshape(self.memory_mask.size(0), -1).any(0)  # (S,)
+        S = int(real.nonzero()[-1]) + 1 if bool(real.any()) else real.numel()
+        if S < real.numel():
+            self.memory_mask = self.memory_mask[..., :S]
+            for layer_cache in self.cross_attn:
+                layer_cache.length = S
+
+    def add_rows(self, other: EngineCache) -> EngineCache:
+        """Append the rows of ``other``, a fresh cache of new sources (``Decoding._start``:
+        expanded like this one, no step taken yet), after this one's: decoding goes on for the
+        rows this cache has while the new ones start at position 0, with the positions cached
+        so far masked for them. The encoder-decoder K/V and memory masks are padded to the
+        longer source."""
+        if other.length or self.group != other.group or not self.cross_attn or not other.cross_attn:
+            raise ValueError("add_rows joins encoder-decoder caches of the same group, the other one fresh")
+        first, new, G = self.cross_attn[0], other.cross_attn[0], self.group
+        n, n2, L, S, S2 = first.rows, new.rows, self.length, first.length, new.length
+        B, B2 = n * G, n2 * G  # decoder rows: G beams per sentence
+        device = first.k.device
+        for layer_cache, joining in zip(self.self_attn, other.self_attn, strict=True):
+            layer_cache.add_rows(joining, B2)
+        for layer_cache, joining in zip(self.cross_attn, other.cross_attn, strict=True):
+            layer_cache.add_rows(joining, n2)
+        mask = torch.zeros(n + n2, 1, 1, max(S, S2), dtype=torch.bool, device=device)  # one row per sentence
+        mask[:n, ..., :S] = True if self.memory_mask is None else self.memory_mask
+        mask[n:, ..., :S2] = True if other.memory_mask is None else other.memory_mask
+        self.memory_mask = mask
+        if L:
+            earlier = (
+                self.key_mask if self.key_mask is not None else torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
+            )
+            self.key_mask = torch.cat([earlier, earlier.new_zeros(B2, 1, 1, L)])
+        positions = self.positions if self.positions is not None else torch.full((B,), L, device=device)
+        self.positions = torch.cat([positions, positions.new_zeros(B2)])
+        return self
+
+    def drop_leading(self) -> None:
+        """Forget the leading cached positions that no row attends to any more (those before
+        the oldest remaining row's first), so that rows joining later do not make the cache
+        grow without end. Only with per-row ``positions``: otherwise ``length`` is every row's
+        position."""
+        if self.key_mask is None or self.positions is None:
+            return
+        real = self.key_mask.reshape(-1, self.key_mask.size(-1)).any(0)  # (length,)
+        n = int(real.nonzero()[0]) if bool(real.any()) else real.numel()
+        if n:
+            for layer_cache in self.self_attn:
+                layer_cache.drop_leading(n)
+            self.key_mask = self.key_mask[..., n:]

@@ -44,7 +44,9 @@ class Decoding:
     ``Decoding(model, src, beam, steps)`` encodes ``src`` ``(B, S)`` and sets up ``beam`` rows
     per sentence (sharing its encoder-decoder K/V), with room for ``steps`` positions;
     ``decoding(tokens)`` takes each row's next input token ``(R,)`` and returns the next-token
-    logits ``(R, V)``; ``reorder`` gathers rows (beam parents, or the rows still decoding).
+    logits ``(R, V)``; ``reorder`` gathers rows (beam parents, or the rows still decoding);
+    ``add(src)`` brings in new sentences at position 0 while the others go on (continuous
+    batching: ``aiayn.decode.translate_continuous``).
     """
 
     def __init__(self, model: Transformer, src: Tensor, beam: int = 1, steps: int = 0) -> None:
@@ -63,10 +65,25 @@ class Decoding:
             layer_cache.set(computed.k, computed.v)
         return cache.expand(self.beam)
 
+    def add(self, src: Tensor) -> None:
+        """New sentences ``(B', S')`` join: ``beam`` rows each after the current ones, starting at
+        position 0 (an attention window's mask counts positions from a shared start: not with one)."""
+        if self.model.config.attention_window is not None:
+            raise ValueError("sentences cannot join a search under an attention window")
+        self.cache.add_rows(self._start(src))
+
     def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
         """Row r becomes row ``rows[r]``; ``sentences_changed=False`` when every row stays within
-        its sentence's beams (the encoder-decoder K/V need no gathering)."""
+        its sentence's beams (the encoder-decoder K/V need no gathering). Then the leading
+        positions no row attends to any more are forgotten (rows that joined later)."""
         self.cache.reorder(rows, cross=sentences_changed)
+        self.cache.drop_leading()
+
+    def freeze(self, rows: Tensor) -> None:
+        """Ended rows ``(R,)`` (True) that stay in the batch a while wait at position 0, so that
+        they never walk past a learned positional table while rows that joined later go on."""
+        if self.cache.positions is not None:
+            self.cache.positions.masked_fill_(rows, 0)
 
     @torch.no_grad()
     def __call__(self, tokens: Tensor) -> Tensor:
@@ -74,12 +91,18 @@ class Decoding:
         logits (possibly a transposed view: use ``reshape``, not ``view``)."""
         model, cache, config = self.model, self.cache, self.model.config
         B = tokens.size(0)
-        offset = cache.length
-        start = offset == 0 and config.bos_id == config.pad_id  # Marian's start token is its padding id
-        self_mask = cache.extend_key_mask(masks.padding_mask(tokens[:, None], config.pad_id, start))  # (B, 1, 1, L + 1)
-        if config.attention_window is not None:
-            window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
-            self_mask = window if self_mask is None else self_mask & window
+        marian = config.bos_id == config.pad_id  # Marian's start token is its padding id
+        if cache.positions is not None:  # rows at different steps (rows added): one position each
+            offset, cache.positions = cache.positions, cache.positions + 1
+            real = tokens != config.pad_id if not marian else (tokens != config.pad_id) | (offset == 0)  # (B,)
+            self_mask = cache.extend_key_mask(real[:, None, None, None])  # (B, 1, 1, L + 1)
+        else:
+            offset = cache.length
+            start = offset == 0 and marian
+            self_mask = cache.extend_key_mask(masks.padding_mask(tokens[:, None], config.pad_id, start))
+            if config.attention_window is not None:
+                window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
+                self_mask = window if self_mask is None else self_mask & window
         x = model.tgt_positional(model.tgt_embedding(tokens[:, None]), offset).reshape(B, -1)  # (B, d_model)
         for i, layer in enumerate(model.decoder.layers):
             norm = layer.self_attn_norm
