@@ -18,6 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from aiayn.cli import _one_line, main  # noqa: E402
 from aiayn.data.tokenizer import load_tokenizer  # noqa: E402
+from aiayn.decode import translate_ids  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
 from aiayn.serve import Batcher, ServeOptions, create_app, serving  # noqa: E402
 from aiayn.translator import Translator  # noqa: E402
@@ -72,31 +73,35 @@ def test_options_are_checked():
         ServeOptions(max_queue=8)
 
 
-def test_a_failing_batch_fails_its_requests_not_the_worker(model_dir):
-    """A bug in the worker's gathering, or the model failing: the requests of that batch get a
-    500 JSON error; the worker goes on and later requests are answered."""
+def test_a_failing_search_fails_its_requests_not_the_worker(model_dir, monkeypatch):
+    """Encoding failing, or the model failing mid-search: the requests it touched get a 500 JSON
+    error; the model thread goes on and later requests are answered."""
+    import aiayn.serve
+
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
-    gather, model = batcher._gather, batcher._translate
-    failures = iter([RuntimeError("gathering broke"), None, RuntimeError("the model broke"), None])
+    encode, search = batcher.translator.encode, aiayn.serve.translate_continuous
+    failures = {"encode": [RuntimeError("encoding broke")], "search": []}
 
-    async def flaky_gather(jobs):
-        error = next(failures, None)
-        if error is not None:
-            raise error
-        await gather(jobs)
+    def flaky_encode(texts):
+        if failures["encode"]:
+            raise failures["encode"].pop()
+        return encode(texts)
 
-    def flaky_model(texts, search):
-        error = next(failures, None)
-        if error is not None:
-            raise error
-        return model(texts, search)
+    def flaky_search(model, feed, **options):
+        steps = search(model, feed, **options)
+        if failures["search"]:
+            next(steps, None)  # some sentences may have ended: the failure comes mid-search
+            raise failures["search"].pop()
+        return steps
 
-    batcher._gather, batcher._translate = flaky_gather, flaky_model
+    monkeypatch.setattr(batcher.translator, "encode", flaky_encode)
+    monkeypatch.setattr(aiayn.serve, "translate_continuous", flaky_search)
     with TestClient(app) as client:
         first = client.post("/translate", json={"texts": SENTENCES[:2]})
-        assert first.status_code == 500 and "gathering broke" in first.json()["error"]
-        second = client.post("/translate", json={"texts": SENTENCES[:2]})
+        assert first.status_code == 500 and "encoding broke" in first.json()["error"]
+        failures["search"].append(RuntimeError("the model broke"))
+        second = client.post("/translate", json={"texts": SENTENCES[:3]})
         assert second.status_code == 500 and "the model broke" in second.json()["error"]
         assert client.post("/translate", json={"texts": SENTENCES[:2]}).status_code == 200
         assert client.get("/health").json() == {"status": "ok", "queued": 0}
@@ -137,24 +142,127 @@ def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(client, body, stat
 
 
 def test_concurrent_requests_are_batched_together(model_dir, capsys):
-    """32 clients at once: fewer model calls than requests, each answer its own text's translation."""
-    app = app_for(model_dir, window_ms=50)
+    """32 clients at once: their texts decode together (fewer joins than requests, many
+    sentences in one search), each answer its own text's translation."""
+    app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
-    calls = []
-    translate = batcher._translate
-    batcher._translate = lambda texts, search: calls.append(len(texts)) or translate(texts, search)
     texts = [SENTENCES[i % len(SENTENCES)] + " " * (i // len(SENTENCES)) for i in range(32)]
     expected = dict(zip(SENTENCES, cli_translate(model_dir, capsys, SENTENCES, "--beam", "1"), strict=True))
+    release = threading.Event()
 
     async def clients(url):
+        blocker = asyncio.ensure_future(batcher.call(release.wait))  # all 32 arrive while the model is busy
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-            responses = await asyncio.gather(*(http.post("/translate", json={"texts": [t], "beam": 1}) for t in texts))
+            requests = [asyncio.ensure_future(http.post("/translate", json={"texts": [t], "beam": 1})) for t in texts]
+            while batcher.queued < 32:
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            responses = await asyncio.gather(*requests)
         return [r.json()["translations"][0] for r in responses]
 
     with serving(app) as url:
         answers = asyncio.run(clients(url))
     assert answers == [expected[t.strip()] for t in texts]
-    assert sum(calls) == 32 and len(calls) < 8, calls
+    assert batcher.joins < 8 and batcher.most_decoding >= 16, (batcher.joins, batcher.most_decoding)
+
+
+def test_a_short_text_is_answered_before_a_long_one_ends(model_dir, monkeypatch):
+    """Continuous batching: a request whose sentence ends early is answered then, not when the
+    longest sentence decoding with it ends; one that comes later joins the running search."""
+    from aiayn.engine.step import Decoding
+
+    step = Decoding.__call__
+    slow = lambda self, tokens: time.sleep(0.005) or step(self, tokens)  # noqa: E731  (5 ms a step)
+    monkeypatch.setattr(Decoding, "__call__", slow)
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    translator = batcher.translator
+    outputs = translate_ids(translator.model, translator.encode(SENTENCES), beam=1)
+    lengths = {text: len(tokens) for text, tokens in zip(SENTENCES, outputs, strict=True)}  # decoding steps - 1
+    short, long = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
+    assert lengths[long] > 2 * lengths[short] + 10, lengths  # the long one decodes many more steps
+    release, order = threading.Event(), []
+
+    async def scenario(url):
+        blocker = asyncio.ensure_future(batcher.call(release.wait))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+            async def ask(text, name):
+                response = await http.post("/translate", json={"texts": [text], "beam": 1})
+                order.append(name)
+                return response.json()["translations"][0]
+
+            async def short_twice():  # the second comes while the long one decodes, and joins it
+                return [await ask(short, "short"), await ask(short, "short again")]
+
+            first = [asyncio.ensure_future(ask(long, "long")), asyncio.ensure_future(short_twice())]
+            while batcher.queued < 2:
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            return await asyncio.gather(*first)
+
+    with serving(app) as url:
+        (long_answer, short_answers) = asyncio.run(scenario(url))
+    assert order == ["short", "short again", "long"]
+    assert [long_answer, *short_answers] == translator.translate([long, short, short], beam=1)
+    assert batcher.joins == 2
+
+
+def test_requests_with_other_search_options_get_their_own_searches(model_dir, capsys):
+    """Requests of three option sets at once: each answer is `aiayn translate`'s with its options."""
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    flags = {1: ["--beam", "1"], 3: ["--beam", "3", "--alpha", "1.0"], 4: []}
+    expected = {b: cli_translate(model_dir, capsys, SENTENCES, *f) for b, f in flags.items()}
+    bodies = {1: {"beam": 1}, 3: {"beam": 3, "alpha": 1.0}, 4: {}}
+    order = [(b, i) for i in range(len(SENTENCES)) for b in (1, 3, 4)]
+    release = threading.Event()
+
+    async def clients(url):
+        blocker = asyncio.ensure_future(batcher.call(release.wait))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            requests = [
+                asyncio.ensure_future(http.post("/translate", json={"texts": [SENTENCES[i]], **bodies[b]}))
+                for b, i in order
+            ]
+            while batcher.queued < len(order):
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            return [r.json()["translations"][0] for r in await asyncio.gather(*requests)]
+
+    with serving(app) as url:
+        answers = asyncio.run(clients(url))
+    assert [_one_line(a) for a in answers] == [expected[b][i] for b, i in order]
+    assert expected[1] != expected[3]  # the options change outputs: a mix-up would show
+
+
+def test_stopping_answers_what_waits_with_503(model_dir):
+    """The app shutting down: texts still waiting get a 503 JSON answer, not silence."""
+
+    async def scenario():
+        app = app_for(model_dir)
+        batcher: Batcher = app.state.batcher
+        release = threading.Event()
+        await batcher.start()
+        blocker = asyncio.ensure_future(batcher.call(release.wait))
+        waiting = asyncio.ensure_future(batcher.translate(SENTENCES[:2], {}))
+        while batcher.queued < 2:
+            await asyncio.sleep(0.01)
+        stopping = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0.05)
+        release.set()
+        await blocker
+        await stopping
+        with pytest.raises(Exception) as error:
+            await waiting
+        return error.value, batcher.alive
+
+    error, alive = asyncio.run(scenario())
+    assert getattr(error, "status", None) == 503 and "shutting down" in str(error)
+    assert not alive
 
 
 def test_a_full_queue_answers_503_and_frees_up(model_dir):
@@ -218,9 +326,10 @@ def test_attention_is_translation_attention(client, model_dir, beam):
     model = Transformer.from_pretrained(model_dir).eval()
     expected = translation_attention(model, load_tokenizer(model_dir), SENTENCES[0], beam=beam)
     answer = client.post("/attention", json={"text": SENTENCES[0], "beam": beam}).json()
-    assert answer["translation"] == client.post("/translate", json={"texts": SENTENCES[:1], "beam": beam}).json()[
-        "translations"
-    ][0]  # the weights of the translation /translate gives
+    assert (
+        answer["translation"]
+        == client.post("/translate", json={"texts": SENTENCES[:1], "beam": beam}).json()["translations"][0]
+    )  # the weights of the translation /translate gives
     assert (answer["translation"], answer["source"], answer["target"]) == (
         expected.translation, expected.source, expected.target,
     )  # fmt: skip

@@ -12,13 +12,17 @@ An ASGI app (Starlette, served by uvicorn: the ``serve`` extra) over one ``Trans
 - ``GET /health`` -> ``{"status": "ok", "queued": texts waiting}`` (500 once the worker has stopped);
 - ``GET /`` -> the explorer (``explorer.html``: plain HTML and JavaScript, no build step).
 
-Concurrent requests are batched (``Batcher``): the texts of every request that arrives while the
-model is busy, or within ``window_ms`` of the first, go to the model together, up to
-``batch_tokens`` source tokens, where ``Translator.translate`` sorts them by length into batches of
-``max_tokens`` positions. Each text's translation is what it gets translated alone (aiayn's
-searches guarantee it for float weights), so batching changes speed, not output. At most
-``max_queue`` texts wait; more are refused with 503. The model runs on one worker thread, so the
-event loop keeps answering (``/health``, refusals) while it translates.
+Concurrent requests are batched continuously (``Batcher``): one model thread runs a search
+(``aiayn.decode.translate_continuous``) that the texts of new requests join as others end, each
+at its own position 0, and a request is answered as soon as its last text has ended. Texts that
+ask for the same search options decode together, up to ``batch_tokens`` source positions
+(sentences times the longest source); requests asking for other options wait until the texts
+before them have ended (first come, first served). Waiting texts join once they are at least a
+quarter as many as those decoding (``JOIN_FRACTION``): a join encodes them and copies each
+layer's cache. Each text's translation is what it gets translated alone (aiayn's searches
+guarantee it for float weights), so batching changes speed, not output. At most ``max_queue``
+texts wait or decode; more are refused with 503. The event loop keeps answering (``/health``,
+refusals) while the model works; ``/attention`` runs on the model thread between two steps.
 
 Bad input gets a 4xx and a JSON ``{"error": ...}``: a body that is not JSON (400), a field of the
 wrong type or value, an unknown field, an empty list or invalid Unicode (422), a body, text count
@@ -94,7 +98,7 @@ class HTTPError(Exception):
         self.status = status
 
 
-class _Stopping(Exception):
+class _StoppingError(Exception):
     """The server is shutting down (``Batcher.stop``)."""
 
 
@@ -219,7 +223,7 @@ class Batcher:
                 if not waiting:
                     self._take(waiting, block=True)
                 self._decode(waiting, waiting[0].search)
-        except _Stopping:
+        except _StoppingError:
             for job in waiting:
                 job.settle(HTTPError(503, "the server is shutting down"))
 
@@ -232,7 +236,7 @@ class Batcher:
             except queue.Empty:
                 return
             if item is _STOP:
-                raise _Stopping
+                raise _StoppingError
             if isinstance(item, _Call):
                 try:
                     result, error = item.fn(), None
@@ -287,7 +291,7 @@ class Batcher:
                 job.results[i], job.left = tokenizer.decode(tokens), job.left - 1
                 if job.left == 0:
                     job.settle()
-        except _Stopping:
+        except _StoppingError:
             self._fail(decoding, waiting, HTTPError(503, "the server is shutting down"))
             raise
         except Exception as e:  # the model failed: every request decoding hears why

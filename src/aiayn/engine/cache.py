@@ -211,7 +211,7 @@ class EngineCache(KVCache):
         that joined has ended): views, no copy."""
         real = self.memory_mask.reshape(self.memory_mask.size(0), -1).any(0)  # (S,)
         S = int(real.nonzero()[-1]) + 1 if bool(real.any()) else real.numel()
-        if S < real.numel():
+        if real.numel() > S:
             self.memory_mask = self.memory_mask[..., :S]
             for layer_cache in self.cross_attn:
                 layer_cache.length = S
