@@ -1,5 +1,7 @@
 """Greedy and beam search (§6.1) against independent truths: recomputation without the cache,
-one sentence at a time, and a brute-force search over every output of a toy model."""
+one sentence at a time, and a brute-force search over every output of a toy model. Continuous
+batching (``translate_continuous``: sentences joining a running search) against each sentence
+decoded alone on the paper's model."""
 
 import itertools
 import math
@@ -9,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn import decode, engine
-from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_ids
+from aiayn.decode import beam_search, greedy_decode, length_penalty, translate_continuous, translate_ids
 from aiayn.engine.step import Decoding
 from aiayn.model import ModelConfig, Transformer
 from helpers import randomize_
@@ -583,3 +585,289 @@ def test_translate_ids_in_batches_never_produces_a_suppressed_token(beam):
             assert tokens == _greedy_by_hand(model, one, [word], max_len_a=6)
         else:
             assert tokens == beam_search(suppressed, one, beam=beam, max_len_a=6)[0][0].tokens
+
+
+# Continuous batching (translate_continuous): sentences join a running search as others end -------
+
+CONTINUOUS = {  # (seed, eos_boost, config): outputs of many lengths, many ending by EOS
+    "sinusoidal": (11, 2.5, {}),
+    "learned": (8, 4.0, {"positional": "learned"}),
+    "marian's": (7, 4.0, {"bos_id": 0, "activation": "silu", "output_bias": True}),  # starts from the pad id
+}
+
+
+class _Feed:
+    """A feed for ``translate_continuous``: at its i-th call it brings the next ``sizes[i]``
+    sentences (cycling through ``sizes``; at least one when nothing decodes, so that the search
+    goes on) while fewer than ``cap`` decode, keyed ``keys[j]`` (default ``1000 + 7 j``: keys
+    that are not the indices). Records each ``live`` it is told and the keys it gave."""
+
+    def __init__(self, sources, sizes=(1,), cap=None, keys=None) -> None:
+        keys = [1000 + 7 * j for j in range(len(sources))] if keys is None else keys
+        self.pending, self.sizes, self.cap = list(zip(keys, sources, strict=True)), itertools.cycle(sizes), cap
+        self.asked: list[int] = []  # every live it was told
+        self.done: list[int] = []  # the keys the search has yielded so far (``_continuous``)
+        self.gave_at: list[int] = []  # the lives at which it brought sentences
+        self.given: list[int] = []
+
+    def __call__(self, live: int):
+        assert live == len(self.given) - len(self.done)  # the sentences decoding, those ended not counted
+        self.asked.append(live)
+        size = next(self.sizes)
+        if live == 0:
+            size = max(size, 1)
+        if not self.pending or not size or (self.cap is not None and live >= self.cap):
+            return None
+        taken, self.pending = self.pending[:size], self.pending[size:]
+        self.gave_at.append(live)
+        self.given += [key for key, _ in taken]
+        return [key for key, _ in taken], [ids for _, ids in taken]
+
+
+def _continuous(model, feed: _Feed, **kw) -> dict:
+    """``translate_continuous``'s results by key; each key fed comes back exactly once."""
+    found = {}
+    for key, result in translate_continuous(model, feed, **kw):
+        assert key in feed.given and key not in found
+        feed.done.append(key)
+        found[key] = result
+    assert sorted(found) == sorted(feed.given)
+    return found
+
+
+def _spy_joins(monkeypatch) -> list[int]:
+    """The number of sentences of each ``Decoding.add`` (sentences joining a running search)."""
+    joins = []
+    real = Decoding.add
+    monkeypatch.setattr(Decoding, "add", lambda self, src: joins.append(src.size(0)) or real(self, src))
+    return joins
+
+
+def _random_sources(n: int, longest: int = 11, seed: int = 9) -> list[list[int]]:
+    """``n`` random sources of 1 to ``longest`` words."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, longest + 1, (n,), generator=g)
+    return [torch.randint(5, 16, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def _greedy_alone(model, sources, **kw) -> list[list[int]]:
+    return [_trim(greedy_decode(model, torch.tensor([[*ids, EOS]]), **kw)[0].tolist()) for ids in sources]
+
+
+def _beams_alone(model, sources, **kw) -> list:
+    return [beam_search(model, torch.tensor([[*ids, EOS]]), **kw)[0] for ids in sources]
+
+
+def _assert_same_hypotheses(got, want) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+    assert [h.log_prob for h in got] == pytest.approx([h.log_prob for h in want], abs=1e-5)
+
+
+FEEDS = {  # when the sentences come
+    "one a step": {"sizes": (1,)},
+    "a few now and then": {"sizes": (3, 0, 0, 2, 0, 0, 0, 1, 0)},
+    "under a cap": {"sizes": (2,), "cap": 5},
+}
+
+
+@pytest.mark.parametrize("feeding", list(FEEDS))
+@pytest.mark.parametrize("variant", list(CONTINUOUS))
+def test_translate_continuous_equals_greedy_alone(monkeypatch, variant, feeding):
+    """Sentences join the running greedy search at many different steps, beside rows at other
+    positions: each result is what ``greedy_decode`` gives the sentence alone on the paper's
+    model, under its own key."""
+    seed, eos_boost, config = CONTINUOUS[variant]
+    model = _model(seed=seed, eos_boost=eos_boost, max_len=64, **config)
+    sources = _random_sources(30)
+    alone = _greedy_alone(model, sources, max_len_a=6)
+    assert len({len(x) for x in alone}) > 5  # sentences end at many different steps
+    assert _ends_by_choice([len(x) for x in alone], [len(s) for s in sources], max_len_a=6) >= 9  # by EOS
+    joins = _spy_joins(monkeypatch)
+    feed = _Feed(sources, **FEEDS[feeding])
+    found = _continuous(_prepared(model), feed, max_len_a=6)
+    assert [found[key] for key in feed.given] == alone
+    assert sum(joins) >= 15 and len(set(feed.asked)) > 2  # most sentences joined a running search
+
+
+@pytest.mark.parametrize("variant", list(CONTINUOUS))
+def test_translate_continuous_beam_search_equals_beam_search_alone(monkeypatch, variant):
+    """Beam 3, nbest 2: each sentence's hypotheses (tokens, scores, log-probabilities) are those
+    of ``beam_search`` alone; with nbest 1 the best tokens."""
+    seed, eos_boost, config = CONTINUOUS[variant]
+    model = _model(seed=seed, eos_boost=eos_boost, max_len=64, **config)
+    sources = _random_sources(24, seed=10)
+    alone = _beams_alone(model, sources, beam=3, nbest=2, max_len_a=6)
+    assert len({len(h.tokens) for hyps in alone for h in hyps}) > 3  # beams end at different steps
+    joins = _spy_joins(monkeypatch)
+    feed = _Feed(sources, sizes=(2, 0, 1), cap=4)
+    found = _continuous(_prepared(model), feed, beam=3, nbest=2, max_len_a=6)
+    for key, want in zip(feed.given, alone, strict=True):
+        _assert_same_hypotheses(found[key], want)
+    assert sum(joins) >= 10
+    feed = _Feed(sources, sizes=(1,))
+    best = _continuous(_prepared(model), feed, beam=3, max_len_a=6)  # nbest 1: the best tokens
+    assert [best[key] for key in feed.given] == [hyps[0].tokens for hyps in alone]
+
+
+def test_continuous_rows_stay_within_learned_positions(monkeypatch):
+    """A learned positional table of 20 positions, outputs up to 19 tokens: ended greedy rows
+    wait in the batch (until a quarter of it has ended) while later sentences keep the search
+    going; they must wait at a position inside the table (``Decoding.freeze``), and every row's
+    position is its own, not the steps the search has taken."""
+    model = _model(seed=1, positional="learned", max_len=20)
+    sources = _random_sources(40, longest=17, seed=3)
+    alone = _greedy_alone(model, sources, max_len_a=10)
+    assert max(len(x) for x in alone) == 18  # limits of 19 with EOS: the table's last position
+    positions, steps, waiting = [], [], []
+    _spy_steps(monkeypatch, lambda state, tokens: positions.append(state.cache.positions) or steps.append(1))
+    freeze = Decoding.freeze
+    monkeypatch.setattr(Decoding, "freeze", lambda self, rows: waiting.append(int(rows.sum())) or freeze(self, rows))
+    feed = _Feed(sources, sizes=(1, 0), cap=12)
+    found = _continuous(_prepared(model), feed, max_len_a=10)
+    assert [found[key] for key in feed.given] == alone
+    assert len(steps) > 60 and len(waiting) > 10  # more steps than the table has; ended rows waited
+    joined = [p for p in positions if p is not None]
+    assert joined and max(int(p.max()) for p in joined) < 20
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_translate_continuous_keeps_the_no_repeat_ngram_rule_of_each_sentence_alone(monkeypatch, n):
+    """Rows joining at different steps hold histories of different lengths: each sentence's
+    result under ``no_repeat_ngram_size`` n is what it gets decoded alone with the rule, greedy
+    and beam search."""
+    model = _ending_model()
+    sources = _random_sources(20, seed=12)
+    greedy = _greedy_alone(model, sources, max_len_a=6, no_repeat_ngram_size=n)
+    plain = _greedy_alone(model, sources, max_len_a=6)
+    assert sum(a != b for a, b in zip(greedy, plain, strict=True)) >= 5  # the rule changes many outputs
+    beams = _beams_alone(model, sources, beam=3, nbest=2, max_len_a=6, no_repeat_ngram_size=n)
+    assert len({len(x) for x in greedy}) > 1 and len({len(h.tokens) for hyps in beams for h in hyps}) > 2
+    joins = _spy_joins(monkeypatch)
+    prepared = _prepared(model)
+    feed = _Feed(sources, sizes=(1, 2, 0), cap=6)
+    found = _continuous(prepared, feed, max_len_a=6, no_repeat_ngram_size=n)
+    assert [found[key] for key in feed.given] == greedy
+    assert sum(joins) >= 10
+    joins.clear()
+    feed = _Feed(sources, sizes=(1, 2, 0), cap=3)
+    found = _continuous(prepared, feed, beam=3, nbest=2, max_len_a=6, no_repeat_ngram_size=n)
+    for key, want in zip(feed.given, beams, strict=True):
+        _assert_same_hypotheses(found[key], want)
+    assert sum(joins) >= 10
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_continuous_batching_takes_fewer_steps_than_batch_after_batch(monkeypatch, beam):
+    """The same sentences in the same groups of four: joining the running search as soon as
+    fewer than eight decode takes fewer decoding steps than waiting for each batch's last
+    sentence (the feed given only when nothing decodes, as ``translate_ids`` goes), with the
+    same results, which are ``translate_ids``'s."""
+    model = _prepared(_ending_model())
+    sources = _random_sources(24, seed=13)
+    steps = []
+    _spy_steps(monkeypatch, lambda state, tokens: steps.append(tokens.size(0)))
+    options = {"beam": beam, "nbest": 1, "max_len_a": 6}
+    joining = _Feed(sources, sizes=(4,), cap=8)
+    found = _continuous(model, joining, **options)
+    joined_steps = len(steps)
+    steps.clear()
+    in_turn = _Feed(sources, sizes=(4,), cap=1)  # only when nothing decodes
+    assert _continuous(model, in_turn, **options) == found
+    assert set(in_turn.gave_at) == {0} and max(joining.gave_at) > 0
+    assert joined_steps < 0.8 * len(steps)
+    assert [found[key] for key in joining.given] == translate_ids(model, sources, beam=beam, max_len_a=6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_long_source_joining_short_ones(monkeypatch, beam):
+    """A 50-token source joins short ones mid-search: the encoder-decoder K/V of every row are
+    padded to its 51 positions while it decodes and trimmed back once it has ended, in the same
+    search (the short ones go on); shorter sentences fed after it end before it; every result is
+    the sentence's own."""
+    model = _ending_model()
+    g = torch.Generator().manual_seed(14)
+    sources = [torch.randint(5, 16, (int(k),), generator=g).tolist() for k in torch.randint(1, 7, (30,), generator=g)]
+    sources.insert(4, torch.randint(5, 16, (50,), generator=g).tolist())
+    widths = []  # (search, source positions) at each step
+    _spy_steps(monkeypatch, lambda state, tokens: widths.append((state, state.cache.cross_attn[0].k.size(2))))
+    feed = _Feed(sources, sizes=(1, 0, 0), cap=4, keys=list(range(len(sources))))
+    found = _continuous(_prepared(model), feed, beam=beam, max_len_a=4)
+    if beam == 1:
+        want = _greedy_alone(model, sources, max_len_a=4)
+    else:
+        want = [hyps[0].tokens for hyps in _beams_alone(model, sources, beam=beam, max_len_a=4)]
+    assert found == dict(enumerate(want))
+    assert feed.done.index(4) > feed.done.index(5)  # a later short sentence ended first
+    assert max(w for _, w in widths) == 51 and widths[0][1] <= 7
+    last = max(i for i, (_, w) in enumerate(widths) if w == 51)
+    state = widths[last][0]
+    after = [w for s, w in widths[last + 1 :] if s is state]
+    assert after and max(after) <= 7  # the same search went on, its source K/V trimmed
+
+
+@pytest.mark.parametrize("kind", ["the paper's model", "the engine under an attention window"])
+def test_models_that_cannot_join_take_the_feed_only_between_batches(monkeypatch, kind):
+    """On the paper's model, or on the engine with an attention window (positions counted from
+    a shared start), the feed is asked only when nothing decodes; the results are still each
+    sentence's own."""
+    model = _model(seed=11, eos_boost=2.5, max_len=64, **({"attention_window": 3} if "window" in kind else {}))
+    sources = _random_sources(16, seed=15)
+    alone = _greedy_alone(model, sources, max_len_a=6)
+    beams = _beams_alone(model, sources, beam=3, nbest=2, max_len_a=6)
+    joins = _spy_joins(monkeypatch)
+    searched = model if kind == "the paper's model" else _prepared(model)
+    feed = _Feed(sources, sizes=(3,))
+    found = _continuous(searched, feed, max_len_a=6)
+    assert [found[key] for key in feed.given] == alone
+    assert set(feed.asked) == {0} and len(feed.asked) == 16 // 3 + 2  # between batches, and once at the end
+    feed = _Feed(sources, sizes=(5,))
+    found = _continuous(searched, feed, beam=3, nbest=2, max_len_a=6)
+    for key, want in zip(feed.given, beams, strict=True):
+        _assert_same_hypotheses(found[key], want)
+    assert set(feed.asked) == {0} and not joins
+
+
+def test_translate_continuous_with_nothing_to_translate_and_empty_batches():
+    """A feed that brings nothing ends the search at once; an empty batch counts as nothing."""
+    model = _prepared(_ending_model())
+    asked = []
+    assert list(translate_continuous(model, lambda live: asked.append(live))) == [] and asked == [0]
+    assert list(translate_continuous(model, lambda live: ([], []))) == []
+
+
+def test_translate_continuous_rejects_mismatched_keys_and_bad_arguments():
+    """A feed's keys and sources must pair up, at the start or mid-search, and no key may come
+    twice while decoding; beam, nbest, no_repeat_ngram_size and max_len_a are checked as
+    ``translate_ids`` checks them, when called (before the first step)."""
+    model = _prepared(_ending_model())
+    with pytest.raises(ValueError, match="2 keys for 1 sources"):
+        list(translate_continuous(model, lambda live: ([1, 2], [[5, 6]])))
+    with pytest.raises(ValueError, match="0 keys for 1 sources"):  # not an empty batch: a lost sentence
+        list(translate_continuous(model, lambda live: ([], [[5, 6]])))
+    with pytest.raises(ValueError, match="a key twice"):
+        list(translate_continuous(model, lambda live: ([3, 3], [[5], [6]])))
+    calls = iter([([7], [[5, 6, 7]]), ([7], [[6]])])  # key 7 again while the first 7 decodes
+    with pytest.raises(ValueError, match="one still decoding"):
+        list(translate_continuous(model, lambda live: next(calls, None)))
+    calls = iter([([7], [[5, 6, 7]]), None, None])
+    ended = list(translate_continuous(model, lambda live: next(calls, None) if live == 0 else None))
+    again = iter([([7], [[6]])])
+    assert [k for k, _ in ended] == [7] and list(translate_continuous(model, lambda live: next(again, None)))
+    calls, asked = iter([([1], [[5, 6, 7]]), ([2], [[5], [6]])]), []
+    with pytest.raises(ValueError, match="1 keys for 2 sources"):
+        list(translate_continuous(model, lambda live: asked.append(live) or next(calls, None)))
+    assert asked == [0, 1]  # the second batch, mid-search
+    feed = _Feed([[5, 6]])
+    for bad, match in [
+        ({"beam": 0}, "beam"),
+        ({"beam": 2, "nbest": 3}, "nbest"),
+        ({"beam": 2, "nbest": 0}, "nbest"),
+        ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size must be >= 0"),
+        ({"max_len_a": -1}, "max_len_a"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            translate_ids(model, [[5, 6]], **bad)
+        with pytest.raises(ValueError, match=match):
+            translate_continuous(model, feed, **bad)  # no iteration needed
+    assert feed.asked == []  # rejected before the feed was asked

@@ -628,7 +628,6 @@ def translate_ids(
     return results
 
 
-@torch.no_grad()
 def translate_continuous(
     model: Transformer,
     feed: Callable[[int], tuple[Sequence[int], Sequence[Sequence[int]]] | None],
@@ -642,33 +641,48 @@ def translate_continuous(
     2022): sentences join a running search as others end, instead of waiting for its last one.
 
     Before every step ``feed(live)`` is told how many sentences are decoding (0: none) and returns
-    ``(keys, sources)`` to join them (sources: token ids without EOS; keys: ints naming them) or
-    None. Yields ``(key, result)`` as each sentence ends, the result as ``translate_ids``'s; ends
-    when nothing decodes and the feed brings nothing. Joining rows start at position 0 beside the
-    others (``Decoding.add``), on a model from ``aiayn.engine.prepare`` without an attention
-    window; any other model takes a feed's sentences only once the batch has ended. With float
-    weights each result is what the sentence gets decoded alone.
+    ``(keys, sources)`` to join them (sources: token ids without EOS; keys: ints naming them,
+    none equal to a key still decoding) or None. Yields ``(key, result)`` as each sentence ends,
+    the result as ``translate_ids``'s; ends when nothing decodes and the feed brings nothing.
+    Joining rows start at position 0 beside the others (``Decoding.add``), on a model from
+    ``aiayn.engine.prepare`` without an attention window; any other model takes a feed's
+    sentences only once the batch has ended. With float weights each result is what the
+    sentence gets decoded alone. Bad arguments raise here, before the first step.
     """
     _check(beam, nbest, no_repeat_ngram_size)
     config = model.config
     longest = max(config.max_len, MAX_LEN_A)
     if not 0 <= max_len_a <= longest:
         raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
+    return _continuous(model, feed, max_len_a, beam, alpha, nbest, no_repeat_ngram_size)
+
+
+@torch.no_grad()
+def _continuous(model, feed, max_len_a, beam, alpha, nbest, no_repeat_ngram_size) -> Iterator:
+    config = model.config
     device = next(model.parameters()).device
     greedy = beam == 1 and nbest == 1
     strategy = _Greedy() if greedy else _Beam(beam, alpha, nbest)
+    decoding: set[int] = set()  # keys fed and not yet ended
 
     def batches(live: int) -> tuple[Tensor, Tensor] | None:
         taken = feed(live)
-        if taken is None or not len(taken[0]):
+        if taken is None:
             return None
         keys, sources = taken
         if len(keys) != len(sources):
             raise ValueError(f"the feed gave {len(keys)} keys for {len(sources)} sources")
-        return torch.tensor(list(keys), device=device), _source_tensor(sources, config, device)
+        if not len(keys):
+            return None
+        keys = [int(k) for k in keys]
+        if len(set(keys)) < len(keys) or not decoding.isdisjoint(keys):
+            raise ValueError(f"the feed gave a key twice, or one still decoding: {keys}")
+        decoding.update(keys)
+        return torch.tensor(keys, device=device), _source_tensor(sources, config, device)
 
     limits = functools.partial(_limits, model, max_len_a=max_len_a, max_len=None)
     for key, result in _search(model, None, strategy, _rules(config, 0, no_repeat_ngram_size), limits, feed=batches):
+        decoding.discard(key)
         yield key, (result if greedy or nbest > 1 else result[0].tokens)
 
 

@@ -17,9 +17,9 @@ Concurrent requests are batched continuously (``Batcher``): one model thread run
 at its own position 0, and a request is answered as soon as its last text has ended. Texts that
 ask for the same search options decode together, up to ``batch_tokens`` source positions
 (sentences times the longest source); requests asking for other options wait until the texts
-before them have ended (first come, first served). Waiting texts join once they are at least a
-quarter as many as those decoding (``JOIN_FRACTION``): a join encodes them and copies each
-layer's cache. Each text's translation is what it gets translated alone (aiayn's searches
+before them have ended (first come, first served). Waiting texts join once they are at least
+half as many as those decoding (``JOIN_FRACTION``): a join encodes them and copies each layer's
+cache. Each text's translation is what it gets translated alone (aiayn's searches
 guarantee it for float weights), so batching changes speed, not output. At most ``max_queue``
 texts wait or decode; more are refused with 503. The event loop keeps answering (``/health``,
 refusals) while the model works; ``/attention`` runs on the model thread between two steps.
@@ -88,8 +88,10 @@ class ServeOptions:
 
 
 # Texts waiting join the sentences decoding once they are at least 1 / JOIN_FRACTION as many (or
-# nothing decodes): each join encodes the newcomers and copies every layer's cache once.
-JOIN_FRACTION = 4
+# nothing decodes): each join encodes the newcomers and copies every layer's cache. 32 clients
+# over the Ding test split (Xeon, beam 4): 1 / 2 gave 140-154 sentences/s, 1 / 4 132-141, 1 / 8
+# 132-134, 1 / 1 141, joining whenever any text waits 122-132 (docs/benchmarks.md).
+JOIN_FRACTION = 2
 
 
 class HTTPError(Exception):
