@@ -348,6 +348,24 @@ def test_output_bias_is_added_to_every_logit(tie):
     assert bias.abs().min() > 0
 
 
+def test_output_bias_of_a_decoder_only_model_is_added_to_every_logit_and_an_encoder_only_model_refuses_it():
+    """``DecoderOnly`` honours ``output_bias`` as ``Transformer`` does (also on its KV cache);
+    ``EncoderOnly``'s masked-LM head has its own bias, so the option is an error, not ignored."""
+    model = randomize_(build(DecoderOnly, output_bias=True), seed=5)
+    tokens = ids(2, 6, 3)
+    with torch.no_grad():
+        biased = model(tokens)
+        cache = model.init_cache()
+        stepped = torch.cat([model.decode(tokens[:, t : t + 1], cache=cache).logits for t in range(6)], dim=1)
+        torch.testing.assert_close(stepped, biased, atol=1e-5, rtol=1e-5)
+        bias = model.output_bias.clone()
+        model.output_bias.zero_()
+        torch.testing.assert_close(biased, model(tokens) + bias)
+    assert bias.abs().min() > 0
+    with pytest.raises(ValueError, match="output_bias is for models that decode"):
+        build(EncoderOnly, output_bias=True)
+
+
 def test_a_start_token_that_is_the_pad_id_is_attended():
     """With ``bos_id == pad_id`` (Marian's) the decoder attends to the start token: the logits equal
     a model starting from another id with the same embedding."""

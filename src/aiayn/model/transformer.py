@@ -308,6 +308,8 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         self.dropout = Dropout(config.P_drop)
         self.decoder = Decoder(config, cross=False)
         self.output_projection = None if config.tie_output else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # not in the paper: a bias on the pre-softmax projection (config.output_bias), zero until trained
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
         init_weights(self)
 
     def init_cache(self) -> KVCache:
@@ -332,6 +334,8 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         if select is not None:
             x = x[select]  # (N, d_model): skip the output projection at padding
         logits = self.embedding.project(x) if self.output_projection is None else self.output_projection(x)
+        if self.output_bias is not None:
+            logits = logits + self.output_bias
         return DecoderOutput(logits, cache, self_attention, None)
 
     def forward(
@@ -369,6 +373,8 @@ class EncoderOnly(PretrainedMixin, nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        if config.output_bias:
+            raise ValueError("ModelConfig: output_bias is for models that decode; the masked-LM head has its own bias")
         self.config = config
         self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
         self.positional = _positional(config)
