@@ -20,7 +20,7 @@ from aiayn.cli import _one_line, main  # noqa: E402
 from aiayn.data.tokenizer import load_tokenizer  # noqa: E402
 from aiayn.decode import translate_ids  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
-from aiayn.serve import Batcher, ServeOptions, create_app, serving  # noqa: E402
+from aiayn.serve import Batcher, HTTPError, ServeOptions, create_app, serving  # noqa: E402
 from aiayn.translator import Translator  # noqa: E402
 from aiayn.viz import translation_attention  # noqa: E402
 from serve_helpers import SENTENCES, make_model_dir  # noqa: E402
@@ -387,3 +387,127 @@ def test_the_serve_command(model_dir, capsys):
         server.terminate()  # uvicorn shuts down, then re-raises the signal: SIGTERM's exit
         assert server.wait(timeout=30) in (0, -15)
     assert "Traceback" not in server.stderr.read()
+
+
+def test_a_failure_while_reading_out_a_result_answers_every_request_it_touched(model_dir, monkeypatch):
+    """The tokenizer failing on the first text that ends, the only text of its request: that
+    request and the others decoding get the error (none waits forever, nothing stays counted),
+    and the server goes on."""
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    translator = batcher.translator
+    lengths = [len(t) for t in translate_ids(translator.model, translator.encode(SENTENCES), beam=4)]
+    first = SENTENCES[lengths.index(min(lengths))]  # its text ends first
+    others = [t for t in SENTENCES if t != first]
+    decode, broken = translator.tokenizer.decode, [True]
+
+    def flaky_decode(ids):
+        if broken and broken.pop():
+            raise IndexError("the tokenizer broke")
+        return decode(ids)
+
+    monkeypatch.setattr(translator.tokenizer, "decode", flaky_decode)
+    release = threading.Event()
+
+    async def scenario(url):
+        blocker = asyncio.ensure_future(batcher.call(release.wait))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            asks = [http.post("/translate", json={"texts": texts}) for texts in ([first], others)]
+            asks = [asyncio.ensure_future(a) for a in asks]
+            while batcher.queued < len(SENTENCES):
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            answers = await asyncio.wait_for(asyncio.gather(*asks), 30)
+            return answers, await http.post("/translate", json={"texts": SENTENCES[:2]}), await http.get("/health")
+
+    with serving(app) as url:
+        answers, later, health = asyncio.run(scenario(url))
+    for answer in answers:
+        assert answer.status_code == 500 and "the tokenizer broke" in answer.json()["error"]
+    assert later.status_code == 200 and health.json() == {"status": "ok", "queued": 0}
+
+
+def test_a_search_failing_before_any_text_joined_fails_its_request_not_the_loop(model_dir):
+    """A search that fails at its start (here options the HTTP layer would refuse, given to the
+    Batcher directly) fails the request that asked for it; the next request is answered."""
+
+    async def scenario():
+        batcher: Batcher = app_for(model_dir).state.batcher
+        await batcher.start()
+        try:
+            with pytest.raises(ValueError, match="beam >= 1"):
+                await asyncio.wait_for(batcher.translate(SENTENCES[:1], {"beam": 0}), 30)
+            return await asyncio.wait_for(batcher.translate(SENTENCES[:1], {"beam": 1}), 30), batcher.queued
+        finally:
+            await asyncio.wait_for(batcher.stop(), 30)
+
+    answer, queued = asyncio.run(scenario())
+    assert len(answer) == 1 and queued == 0
+
+
+def test_after_stop_requests_and_calls_get_503_and_close_ends_the_loop(model_dir):
+    """Requests and calls made while the server stops, or after, are refused with 503, also those
+    that reach the inbox behind the stop; ``close`` (what ``serve`` does when uvicorn exits
+    without the app's shutdown) ends the model thread's loop."""
+
+    async def scenario():
+        batcher: Batcher = app_for(model_dir).state.batcher
+        await batcher.start()
+        stopping = asyncio.ensure_future(batcher.stop())
+        late = [asyncio.ensure_future(batcher.translate(["x"], {})), asyncio.ensure_future(batcher.call(len, "ab"))]
+        await asyncio.wait_for(stopping, 30)
+        errors = [(await asyncio.wait_for(asyncio.gather(f, return_exceptions=True), 10))[0] for f in late]
+        with pytest.raises(HTTPError, match="shutting down"):
+            await batcher.translate(["x"], {})
+        await batcher.start()  # the app may start again
+        assert await batcher.call(len, "abc") == 3
+        batcher.close()
+        for _ in range(300):
+            if not batcher.alive:
+                break
+            await asyncio.sleep(0.01)
+        return errors, batcher.alive, batcher.queued
+
+    errors, alive, queued = asyncio.run(scenario())
+    assert [getattr(e, "status", None) for e in errors] == [503, 503]
+    assert not alive and queued == 0
+
+
+def test_empty_texts_need_not_wait_and_default_options_decode_with_explicit_ones(model_dir, monkeypatch):
+    """A request of empty texts is answered at once, even while a long search runs; ``{}`` and
+    the same options written out decode in one search."""
+    from aiayn.engine.step import Decoding
+
+    step = Decoding.__call__
+    slow = lambda self, tokens: time.sleep(0.005) or step(self, tokens)  # noqa: E731
+    monkeypatch.setattr(Decoding, "__call__", slow)
+    app = app_for(model_dir)
+    batcher: Batcher = app.state.batcher
+    release, order = threading.Event(), []
+
+    async def scenario(url):
+        blocker = asyncio.ensure_future(batcher.call(release.wait))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+            async def ask(body, name):
+                response = await http.post("/translate", json=body)
+                order.append(name)
+                return response.json()["translations"]
+
+            asks = [
+                asyncio.ensure_future(ask({"texts": SENTENCES}, "defaults")),
+                asyncio.ensure_future(ask({"texts": SENTENCES[:2], "beam": 4, "alpha": 0.6}, "written out")),
+            ]
+            while batcher.queued < len(SENTENCES) + 2:
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            await asyncio.sleep(0.05)  # the search runs: 5 ms a step, tens of steps
+            empty = await ask({"texts": ["", "  "]}, "empty")
+            return empty, await asyncio.gather(*asks)
+
+    with serving(app) as url:
+        empty, (defaults, written) = asyncio.run(scenario(url))
+    assert empty == ["", ""] and order[0] == "empty"
+    assert written == defaults[:2] and batcher.joins == 1

@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-chars", type=_positive_int, default=defaults.max_chars, help="characters per text (%(default)s)"
     )
     server.add_argument(
-        "--max-queue", type=_positive_int, default=defaults.max_queue, help="texts waiting (%(default)s)"
+        "--max-queue", type=_positive_int, default=defaults.max_queue, help="texts waiting or decoding (%(default)s)"
     )
     server.add_argument("--quantize", choices=["int8"], help="dynamic int8 products (CPU)")
     server.add_argument("--device", help="cpu (default), cuda, ...")

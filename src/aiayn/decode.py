@@ -9,7 +9,8 @@ and logits processors) runs behind ``greedy_decode``, ``beam_search``, ``transla
 decoder's next-token logits for every row, a strategy's scores (``_Greedy``, ``_Sample``:
 logits; ``_Beam``: log-probabilities), the rules of ``_rules`` (no padding nor suppressed
 tokens, ``min_len``, EOS at the limit, no repeated n-gram), then the strategy's choice of tokens
-and of the rows that go on. Batches run one after another.
+and of the rows that go on. Batches run one after another, or, in ``translate_continuous``
+(``aiayn serve``), new sentences join the rows decoding as others end.
 
 The loop runs on the KV cache: the encoder-decoder keys and values are computed once per
 source, the self-attention keys and values grow one step at a time, and beam search gathers the
@@ -640,7 +641,8 @@ def translate_continuous(
     """Continuous batching (not in the paper; the iteration-level scheduling of Orca, Yu et al.,
     2022): sentences join a running search as others end, instead of waiting for its last one.
 
-    Before every step ``feed(live)`` is told how many sentences are decoding (0: none) and returns
+    Before every step (on the engine; elsewhere once nothing decodes) ``feed(live)`` is told how
+    many sentences are decoding (0: none) and returns
     ``(keys, sources)`` to join them (sources: token ids without EOS; keys: ints naming them,
     none equal to a key still decoding) or None. Yields ``(key, result)`` as each sentence ends,
     the result as ``translate_ids``'s; ends when nothing decodes and the feed brings nothing.

@@ -16,7 +16,7 @@ Concurrent requests are batched continuously (``Batcher``): one model thread run
 (``aiayn.decode.translate_continuous``) that the texts of new requests join as others end, each
 at its own position 0, and a request is answered as soon as its last text has ended. Texts that
 ask for the same search options decode together, up to ``batch_tokens`` source positions
-(sentences times the longest source); requests asking for other options wait until the texts
+(sentences times the longest source times the beam); requests asking for other options wait until the texts
 before them have ended (first come, first served). Waiting texts join once they are at least
 half as many as those decoding (``JOIN_FRACTION``): a join encodes them and copies each layer's
 cache. Each text's translation is what it gets translated alone (aiayn's searches
@@ -73,7 +73,7 @@ class ServeOptions:
     max_texts: int = 64  # texts per request (413 beyond)
     max_chars: int = 2000  # characters per text (413 beyond); the model truncates at its max_len tokens
     max_queue: int = 1024  # texts waiting for the model or decoding (503 beyond)
-    batch_tokens: int = 16384  # source positions decoding together: sentences x the longest source
+    batch_tokens: int = 16384  # source positions decoding together: sentences x the longest source x the beam
     max_beam: int = 16
 
     def __post_init__(self) -> None:
@@ -161,17 +161,30 @@ class Batcher:
         self.most_decoding = 0  # the most sentences decoded together
         self._inbox: queue.SimpleQueue | None = None
         self._worker: asyncio.Future | None = None
+        self._stopping = False
 
     async def start(self) -> None:
-        self._inbox = queue.SimpleQueue()
+        self._inbox, self._stopping = queue.SimpleQueue(), False
         self._worker = asyncio.wrap_future(self.executor.submit(self._serve))
 
     async def stop(self) -> None:
+        """Stop the model thread's loop: what waits, or comes meanwhile, gets a 503."""
+        self._stopping = True  # admit and call refuse from now on
         if self._worker is not None:
-            self._inbox.put(_STOP)
+            self.close()
             with contextlib.suppress(Exception):
                 await self._worker
         self._worker = None  # the model's thread stays: the app may start again
+        while self._inbox is not None and not self._inbox.empty():  # what came after the stop
+            item = self._inbox.get()
+            if item is not _STOP:
+                _refuse(item)
+
+    def close(self) -> None:
+        """Tell the model thread's loop to end, from any thread, without waiting (``serve`` does
+        when uvicorn exits without the app's shutdown: the thread would keep the process alive)."""
+        if self._inbox is not None:
+            self._inbox.put(_STOP)
 
     @property
     def alive(self) -> bool:
@@ -179,7 +192,10 @@ class Batcher:
         return self._worker is not None and not self._worker.done()
 
     async def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the model's thread, between two decoding steps."""
+        """``fn(*args)`` on the model's thread, between two decoding steps (on the engine;
+        otherwise once the batch decoding has ended)."""
+        if self._stopping or not self.alive:
+            raise HTTPError(503, "the server is shutting down")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._inbox.put(_Call(functools.partial(fn, *args), future, loop))
@@ -191,6 +207,8 @@ class Batcher:
             raise HTTPError(
                 503, f"the server is busy: {self.queued} texts are waiting (at most {self.options.max_queue})"
             )
+        if self._stopping:
+            raise HTTPError(503, "the server is shutting down")
         if not self.alive:
             raise HTTPError(500, "the server's model worker has stopped; restart the server")
         self.queued += n
@@ -200,7 +218,8 @@ class Batcher:
         self.admit(len(texts))
         try:
             loop = asyncio.get_running_loop()
-            job = _Job(list(texts), tuple(sorted(search.items())), loop.create_future(), loop)
+            search = tuple(sorted({**SEARCH_DEFAULTS, **search}.items()))  # {} and the defaults decode together
+            job = _Job(list(texts), search, loop.create_future(), loop)
             self._inbox.put(job)
             return await asyncio.shield(job.future)  # a cancelled request leaves the search alone
         finally:
@@ -227,7 +246,7 @@ class Batcher:
                 self._decode(waiting, waiting[0].search)
         except _StoppingError:
             for job in waiting:
-                job.settle(HTTPError(503, "the server is shutting down"))
+                _refuse(job)
 
     def _take(self, waiting: collections.deque[_Job], block: bool) -> None:
         """Move what the inbox holds into ``waiting``, running calls at once; with ``block``, wait
@@ -245,6 +264,9 @@ class Batcher:
                 except Exception as e:
                     result, error = None, e
                 item.loop.call_soon_threadsafe(_settle_call, item.future, result, error)
+            elif not any(text.strip() for text in item.texts):  # nothing to translate: no need to wait
+                item.results = [""] * len(item.texts)
+                item.settle()
             else:
                 waiting.append(item)
 
@@ -253,7 +275,7 @@ class Batcher:
         it as they come (``feed``), until the head asks for another search and the sentences
         decoding have ended."""
         decoding: dict[int, tuple[_Job, int, int]] = {}  # key -> (job, text index, source positions)
-        keys = itertools.count()
+        keys, beam = itertools.count(), dict(search)["beam"]
 
         def feed(live: int) -> tuple[list[int], list[list[int]]] | None:
             self._take(waiting, block=False)
@@ -273,7 +295,7 @@ class Batcher:
                         job.results[i], job.left, job.next = "", job.left - 1, i + 1
                         continue
                     n, width = len(decoding) + 1, max(width, len(ids) + 1)
-                    if (live or taken[0]) and n * width > self.options.batch_tokens:
+                    if (live or taken[0]) and n * width * beam > self.options.batch_tokens:
                         return self._joined(taken, live)
                     key = next(keys)
                     decoding[key] = (job, i, len(ids) + 1)
@@ -287,18 +309,19 @@ class Batcher:
 
         tokenizer = self.translator.tokenizer
         try:
-            options = {**SEARCH_DEFAULTS, **dict(search)}
-            for key, tokens in translate_continuous(self.translator.model, feed, **options):
-                job, i, _ = decoding.pop(key)
-                job.results[i], job.left = tokenizer.decode(tokens), job.left - 1
+            for key, tokens in translate_continuous(self.translator.model, feed, **dict(search)):
+                job, i, _ = decoding[key]
+                job.results[i] = tokenizer.decode(tokens)
+                del decoding[key]  # after decoding the text: a failure there fails its request too
+                job.left -= 1
                 if job.left == 0:
                     job.settle()
         except _StoppingError:
-            self._fail(decoding, waiting, HTTPError(503, "the server is shutting down"))
+            self._fail(decoding, waiting, search, HTTPError(503, "the server is shutting down"))
             raise
         except Exception as e:  # the model failed: every request decoding hears why
             log.exception("aiayn serve: the search failed")
-            self._fail(decoding, waiting, e)
+            self._fail(decoding, waiting, search, e)
 
     def _joined(self, taken: tuple[list[int], list[list[int]]], live: int) -> tuple | None:
         if not taken[0]:
@@ -319,15 +342,28 @@ class Batcher:
         return True
 
     @staticmethod
-    def _fail(decoding: dict, waiting: collections.deque[_Job], error: Exception) -> None:
-        """Fail the jobs with texts decoding (and drop them from ``waiting``, where partly joined)."""
+    def _fail(decoding: dict, waiting: collections.deque[_Job], search: tuple, error: Exception) -> None:
+        """Fail the jobs with texts decoding (and drop them from ``waiting``, where partly joined);
+        with none, the first job of the search (the failure came before any text joined: left
+        there, it would fail again, forever)."""
         jobs = {id(job): job for job, _, _ in decoding.values()}
+        if not jobs and waiting and waiting[0].search == search:
+            jobs[id(waiting[0])] = waiting[0]
         for job in jobs.values():
             if job.left >= 0:
                 job.settle(error)
         while waiting and id(waiting[0]) in jobs:
             waiting.popleft()
         decoding.clear()
+
+
+def _refuse(item: _Job | _Call) -> None:
+    """Answer a job or call the model thread will not run with 503."""
+    error = HTTPError(503, "the server is shutting down")
+    if isinstance(item, _Call):
+        item.loop.call_soon_threadsafe(_settle_call, item.future, None, error)
+    else:
+        item.settle(error)
 
 
 def _settle_call(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -529,7 +565,11 @@ def serve(
     """Run the server until interrupted (uvicorn); ``executor``: ``create_app``'s."""
     import uvicorn
 
-    uvicorn.run(create_app(translator, model, options, executor), host=host, port=port, log_level="info")
+    app = create_app(translator, model, options, executor)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+    finally:  # a forced exit skips the app's shutdown: end the model thread's loop, or it keeps the process
+        app.state.batcher.close()
 
 
 @contextlib.contextmanager

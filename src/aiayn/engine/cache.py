@@ -137,8 +137,8 @@ class EngineCache(KVCache):
         None.
         ``key_mask``: which cached target positions are real tokens ``(B, 1, 1, length)``
         (True = real, False = padding, e.g. of left-padded prompts), or None while all are real.
-        ``length``: the number of target positions already processed (the position offset of
-        the next step).
+        ``length``: the number of target positions cached (the position offset of the next
+        step, while ``positions`` is None).
         ``group``: how many consecutive decoder rows share one row of the encoder-decoder K/V
         and memory mask (the beams of one sentence: ``expand(K)``); 1 otherwise.
         ``positions``: None while every row's next token is at position ``length``; with rows
