@@ -568,6 +568,12 @@ def _source_tensor(sources: Sequence[Sequence[int]], config: ModelConfig, device
 MAX_LEN_A = 1024  # translate_ids' largest max_len_a, unless the model's max_len is larger
 
 
+def _check_max_len_a(config: ModelConfig, max_len_a: int) -> None:
+    longest = max(config.max_len, MAX_LEN_A)
+    if not 0 <= max_len_a <= longest:  # the caches are reserved for the longest output
+        raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
+
+
 @torch.no_grad()
 def translate_ids(
     model: Transformer,
@@ -597,9 +603,7 @@ def translate_ids(
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     config = model.config
-    longest = max(config.max_len, MAX_LEN_A)
-    if not 0 <= max_len_a <= longest:  # the caches are reserved for the longest output
-        raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
+    _check_max_len_a(config, max_len_a)
     if not sources:
         return []
     device = next(model.parameters()).device
@@ -652,10 +656,7 @@ def translate_continuous(
     sentence gets decoded alone. Bad arguments raise here, before the first step.
     """
     _check(beam, nbest, no_repeat_ngram_size)
-    config = model.config
-    longest = max(config.max_len, MAX_LEN_A)
-    if not 0 <= max_len_a <= longest:
-        raise ValueError(f"max_len_a must be between 0 and {longest} (or the model's max_len), got {max_len_a}")
+    _check_max_len_a(model.config, max_len_a)
     return _continuous(model, feed, max_len_a, beam, alpha, nbest, no_repeat_ngram_size)
 
 

@@ -126,15 +126,7 @@ class _Job:
     def settle(self, error: BaseException | None = None) -> None:
         """Hand the results (or ``error``) to the request, from any thread; once."""
         self.left = -1
-
-        def set_() -> None:
-            if not self.future.done():
-                if error is None:
-                    self.future.set_result(self.results)
-                else:
-                    self.future.set_exception(error)
-
-        self.loop.call_soon_threadsafe(set_)
+        self.loop.call_soon_threadsafe(_settle, self.future, self.results, error)
 
 
 @dataclass
@@ -263,7 +255,7 @@ class Batcher:
                     result, error = item.fn(), None
                 except Exception as e:
                     result, error = None, e
-                item.loop.call_soon_threadsafe(_settle_call, item.future, result, error)
+                item.loop.call_soon_threadsafe(_settle, item.future, result, error)
             elif not any(text.strip() for text in item.texts):  # nothing to translate: no need to wait
                 item.results = [""] * len(item.texts)
                 item.settle()
@@ -361,12 +353,13 @@ def _refuse(item: _Job | _Call) -> None:
     """Answer a job or call the model thread will not run with 503."""
     error = HTTPError(503, "the server is shutting down")
     if isinstance(item, _Call):
-        item.loop.call_soon_threadsafe(_settle_call, item.future, None, error)
+        item.loop.call_soon_threadsafe(_settle, item.future, None, error)
     else:
         item.settle(error)
 
 
-def _settle_call(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Set a future of the event loop's (on the loop: ``call_soon_threadsafe``), unless it is done."""
     if not future.done():
         if error is None:
             future.set_result(result)

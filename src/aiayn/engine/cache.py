@@ -216,7 +216,7 @@ class EngineCache(KVCache):
             for layer_cache in self.cross_attn:
                 layer_cache.length = S
 
-    def add_rows(self, other: EngineCache) -> EngineCache:
+    def add_rows(self, other: EngineCache) -> None:
         """Append the rows of ``other``, a fresh cache of new sources (``Decoding._start``:
         expanded like this one, no step taken yet), after this one's: decoding goes on for the
         rows this cache has while the new ones start at position 0, with the positions cached

@@ -91,18 +91,15 @@ class Decoding:
         logits (possibly a transposed view: use ``reshape``, not ``view``)."""
         model, cache, config = self.model, self.cache, self.model.config
         B = tokens.size(0)
-        marian = config.bos_id == config.pad_id  # Marian's start token is its padding id
         if cache.positions is not None:  # rows at different steps (rows added): one position each
-            offset, cache.positions = cache.positions, cache.positions + 1
-            real = tokens != config.pad_id if not marian else (tokens != config.pad_id) | (offset == 0)  # (B,)
-            self_mask = cache.extend_key_mask(real[:, None, None, None])  # (B, 1, 1, L + 1)
+            offset, cache.positions = cache.positions, cache.positions + 1  # (B,)
         else:
             offset = cache.length
-            start = offset == 0 and marian
-            self_mask = cache.extend_key_mask(masks.padding_mask(tokens[:, None], config.pad_id, start))
-            if config.attention_window is not None:
-                window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
-                self_mask = window if self_mask is None else self_mask & window
+        start = offset == 0 if config.bos_id == config.pad_id else False  # Marian's start token is its padding id
+        self_mask = cache.extend_key_mask(masks.padding_mask(tokens[:, None], config.pad_id, start))  # (B, 1, 1, L + 1)
+        if config.attention_window is not None:  # never with per-row positions (Decoding.add refuses)
+            window = masks.window_mask(1, r=config.attention_window, offset=offset, device=tokens.device)
+            self_mask = window if self_mask is None else self_mask & window
         x = model.tgt_positional(model.tgt_embedding(tokens[:, None]), offset).reshape(B, -1)  # (B, d_model)
         for i, layer in enumerate(model.decoder.layers):
             norm = layer.self_attn_norm

@@ -20,15 +20,17 @@ from torch import Tensor
 __all__ = ["padding_mask", "causal_mask", "window_mask"]
 
 
-def padding_mask(tokens: Tensor, pad_id: int, start: bool = False) -> Tensor:
+def padding_mask(tokens: Tensor, pad_id: int, start: bool | Tensor = False) -> Tensor:
     """True where a key is a real token, False where it is padding. ``start``: ``tokens[:, 0]``
     is the decoder's start token, real even where it is ``pad_id`` (Marian starts from its
-    padding token).
+    padding token); one per row ``(B,)`` where rows are at different steps.
 
     Shape: tokens ``(B, S)`` -> ``(B, 1, 1, S)``.
     """
     real = tokens != pad_id  # (B, S)
-    if start:
+    if isinstance(start, Tensor):
+        real[:, 0] |= start
+    elif start:
         real[:, 0] = True
     return real[:, None, None, :]
 
