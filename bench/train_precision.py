@@ -11,8 +11,11 @@ its own matmul peak (fp32's, or bf16's, measured in the same run).
 
 With ``--compare adam`` the two variants are instead fp32 with Adam's multi-tensor (foreach)
 update, the trainer's on the CPU, and fp32 with its fused CPU kernel: an A/B of the optimizer.
+With ``--compare compile`` they are fp32 eager (the trainer's default), fp32 under
+``torch.compile(model, dynamic=True)`` (``train.compile``) and bf16 under both; the table adds
+the seconds the warm-up steps took, compiling included.
 
-    python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam]
+    python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile]
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=1536)
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
-        "--compare", choices=["precision", "adam"], default="precision",
-        help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam",
+        "--compare", choices=["precision", "adam", "compile"], default="precision",
+        help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam; "
+        "compile: fp32 eager against fp32 and bf16 under torch.compile",
     )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cpu")
@@ -81,29 +85,37 @@ def main() -> None:
             vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=4, P_drop=0.1, norm_first=True
         )  # fmt: skip
         runs = {}
-        variants = {"fp32": ("fp32", args.adam), "bf16": ("bf16", args.adam)}
+        variants = {"fp32": ("fp32", args.adam, False), "bf16": ("bf16", args.adam, False)}
         if args.compare == "adam":
-            variants = {"fp32": ("fp32", "foreach"), "fp32, fused Adam": ("fp32", "fused")}
-        for name, (precision, adam) in variants.items():
+            variants = {"fp32": ("fp32", "foreach", False), "fp32, fused Adam": ("fp32", "fused", False)}
+        if args.compare == "compile":
+            variants = {
+                "fp32": ("fp32", args.adam, False), "fp32, compiled": ("fp32", args.adam, True),
+                "bf16, compiled": ("bf16", args.adam, True),
+            }  # fmt: skip
+        for name, (precision, adam, compiled) in variants.items():
             torch.manual_seed(0)
             model = Transformer(config).train()
             fused = adam == "fused"
             optimizer = torch.optim.Adam(
                 model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=not fused
             )  # fmt: skip
-            runs[name] = (model, optimizer, Precision(precision, "bench").autocast(device), [0.0, 0, 0])
+            forward = torch.compile(model, dynamic=True) if compiled else model
+            runs[name] = (model, optimizer, Precision(precision, "bench").autocast(device), [0.0, 0, 0, 0.0], forward)
 
         def step(name: str, batch, runs=runs) -> None:
-            model, optimizer, amp, _ = runs[name]
-            loss, _ = objective.loss(model, batch, 0.1, amp)
+            _, optimizer, amp, _, forward = runs[name]
+            loss, _ = objective.loss(forward, batch, 0.1, amp)
             (loss / batch.num_tokens).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
         print(f"d_model {d_model}: warm-up ...", flush=True)
         for name in runs:
+            t0 = time.perf_counter()
             for batch in batches[: args.block]:
                 step(name, batch)
+            runs[name][3][3] = time.perf_counter() - t0
         timed = batches[args.block :]
         for start in range(0, len(timed), args.block):
             for name in runs:
@@ -123,11 +135,13 @@ def main() -> None:
                     "steps_per_s": round(steps / runs[name][3][0], 2),
                     "ratio_vs_fp32": round(rate[name] / rate["fp32"], 2),
                     "mfu": round(runs[name][3][2] / runs[name][3][0] / peaks[variants[name][0]], 3),
+                    "warmup_s": round(runs[name][3][3], 1),
                 }
             )  # fmt: skip
-        print(table(rows[-2:], [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
-                                ("ratio_vs_fp32", "× fp32")]), flush=True)  # fmt: skip
-    name = "train_precision" if args.compare == "precision" else "train_adam"
+        short = [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
+                 ("ratio_vs_fp32", "× fp32")]  # fmt: skip
+        print(table(rows[-len(runs) :], short), flush=True)
+    name = {"precision": "train_precision", "adam": "train_adam", "compile": "train_compile"}[args.compare]
     result = {
         "benchmark": name, "command": "python " + " ".join(sys.argv), "machine": machine(),
         "native_bf16": native_bf16(device), "matmul_peak_gflops": round(peak32 / 1e9, 1),
@@ -137,7 +151,7 @@ def main() -> None:
     print()
     columns = [("d_model", "d_model"), ("params", "parameters"), ("precision", "precision"),
                ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32"),
-               ("mfu", "of its precision's peak")]  # fmt: skip
+               ("mfu", "of its precision's peak"), ("warmup_s", f"first {args.block} steps, s")]  # fmt: skip
     print(table(rows, columns))
     print(f"\nwritten to {path}")
 

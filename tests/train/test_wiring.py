@@ -63,6 +63,59 @@ def test_logged_learning_rate_is_equation_3(tmp_path, corpus):
     assert [lr for _, lr in logged] == pytest.approx([equation_3(s, d_model, warmup, scale) for s in range(1, 10)])
 
 
+def cooldown(progress: float, fraction: float) -> float:
+    """The cooldown written out: 1 until 1 - fraction of the budget, then linear down to 0."""
+    return 1.0 if progress <= 1 - fraction else (1 - progress) / fraction
+
+
+def test_cooldown_anneals_equation_3_to_zero_over_the_last_steps(tmp_path, corpus):
+    scale, d_model, warmup, steps = 0.7, 48, 3, 10
+    config = write_config(tmp_path, corpus, lr_scale=scale, warmup=warmup, max_steps=steps, cooldown=0.5,
+                          checkpoint_every=None, eval_every=100, amp=False)  # fmt: skip
+    train(RunConfig.from_yaml(config, {"model.d_model": d_model}), tmp_path / "run", **QUIET)
+    logged = [r["lr"] for r in records(tmp_path / "run")]
+    # step k starts with k - 1 of the 10 steps spent: steps 1-6 at eq. 3, then 4/5, 3/5, 2/5, 1/5 of it
+    expected = [equation_3(k, d_model, warmup, scale) * cooldown((k - 1) / steps, 0.5) for k in range(1, 11)]
+    assert logged == pytest.approx(expected)
+    assert logged[6] == pytest.approx(0.8 * equation_3(7, d_model, warmup, scale))  # by hand
+
+
+def test_cooldown_by_epochs(tmp_path, corpus):
+    scale, warmup = 1.0, 4
+    config = write_config(tmp_path, corpus, lr_scale=scale, warmup=warmup, max_steps=None, max_epochs=2,
+                          cooldown=0.75, checkpoint_every=None, eval_every=1000, amp=False)  # fmt: skip
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    logged = records(tmp_path / "run")
+    per_epoch = [sum(r["epoch"] == e for r in logged) for e in (0, 1)]
+    assert per_epoch[0] == per_epoch[1] > 4  # the same batches each epoch, several of them
+    n = per_epoch[0]
+    spent = [(e + i / n) / 2 for e in (0, 1) for i in range(n)]  # epochs spent as each step starts
+    expected = [equation_3(k, 32, warmup, scale) * cooldown(p, 0.75) for k, p in enumerate(spent, 1)]
+    assert [r["lr"] for r in logged] == pytest.approx(expected)
+    assert logged[-1]["lr"] < 0.2 * equation_3(2 * n, 32, warmup, scale)  # annealed near 0 at the end
+
+
+def test_cooldown_by_time_follows_the_seconds_spent(tmp_path, corpus):
+    max_time, warmup = 3.0, 4
+    config = write_config(tmp_path, corpus, warmup=warmup, max_steps=None, max_time=max_time, cooldown=1.0,
+                          checkpoint_every=None, eval_every=10_000, amp=False)  # fmt: skip
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    logged = records(tmp_path / "run")
+    assert len(logged) > 5
+    before = 0.0  # the seconds spent when step k started lie between step k - 1's end and step k's
+    for k, r in enumerate(logged, 1):
+        factor = r["lr"] / equation_3(k, 32, warmup, 1.0)
+        assert 1 - r["elapsed"] / max_time - 1e-3 <= factor <= 1 - before / max_time + 1e-3, (k, factor)
+        before = r["elapsed"]
+    assert logged[-1]["lr"] / equation_3(len(logged), 32, warmup, 1.0) < 0.2
+
+
+def test_cooldown_must_be_a_fraction():
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"train.cooldown must be in \[0, 1\]"):
+            TrainConfig(max_steps=1, cooldown=bad)
+
+
 # Adam's betas and eps -------------------------------------------------------------------------
 
 

@@ -10,7 +10,8 @@ holding 0 or the scale, so the forward and the backward pass are each one multip
 isolation this is about 4× faster than ``F.dropout`` per use. The scale uses the rounded
 probability, so the expectation stays exactly ``x``. The float mask kept for the backward pass
 takes 4 bytes per element where a boolean one takes 1. On other devices (CUDA's fused dropout
-is already fast) and for dtypes other than float32 and bfloat16 it is ``torch.nn.functional.dropout``.
+is already fast), for dtypes other than float32 and bfloat16, and under ``torch.compile`` (whose
+code generator fuses its own random numbers into the product) it is ``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     when not training or ``p == 0``."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not 0.0 < p < 1.0:
+    if (
+        x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not 0.0 < p < 1.0
+        or torch.compiler.is_compiling()  # the 64-bit draws viewed as 16-bit break AOTAutograd's aliasing
+    ):  # fmt: skip
         return F.dropout(x, p, training)
     kept = 1.0 - round(p * _LEVELS) / _LEVELS
     if kept == 0.0:

@@ -110,6 +110,12 @@ class TrainConfig:
     from a fresh BPE and random weights. Of the run's ``model`` section only the dropout fields
     (``P_drop``, ``attention_dropout``, ``activation_dropout``) apply; the others are the model's.
 
+    ``cooldown`` (not in the paper; off by default): over the last ``cooldown`` fraction of the
+    run's budget the rate falls linearly to 0 (``schedule.cooldown_factor``), as a run with a
+    known end can afford. The budget is the first of ``max_steps``, ``max_epochs`` and
+    ``max_time`` to run out: by steps and epochs the rates are the same from run to run; by
+    ``max_time`` they follow the seconds the machine takes.
+
     ``bleu_every`` (steps; off by default): also translate the dev sources greedily and log BLEU
     and chrF (``kind: dev_bleu`` in metrics.jsonl), as fairseq's ``--eval-bleu`` does, to see what
     more time buys. Its seconds count towards ``max_time``, like the dev loss's.
@@ -122,6 +128,7 @@ class TrainConfig:
     accumulate: int = 1
     warmup: int = 4000
     lr_scale: float = 1.0
+    cooldown: float = 0.0  # the last fraction of the budget, over which the rate falls to 0
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     eps_ls: float = 0.1
@@ -161,6 +168,8 @@ class TrainConfig:
             raise ValueError(f"train.word_dropout must be in [0, 1), got {self.word_dropout!r}")
         if self.word_dropout and self.task == "mlm":
             raise ValueError("train.word_dropout is for translation and lm; the masked LM corrupts its input already")
+        if not 0 <= self.cooldown <= 1:
+            raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
         if self.amp not in (True, False, "auto"):
             raise ValueError(f"train.amp must be auto, true or false, got {self.amp!r}")
         object.__setattr__(self, "betas", tuple(self.betas))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["paper_lr", "inverse_sqrt_schedule"]
+__all__ = ["paper_lr", "inverse_sqrt_schedule", "cooldown_factor"]
 
 
 def paper_lr(step: int, d_model: int, warmup: int = 4000, scale: float = 1.0) -> float:
@@ -25,3 +25,14 @@ def inverse_sqrt_schedule(
     step count (starting at 0) is the number of optimizer steps taken, so step k uses
     ``paper_lr(k + 1)``."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: paper_lr(i + 1, d_model, warmup, scale))
+
+
+def cooldown_factor(progress: float, cooldown: float) -> float:
+    """The factor on eq. 3's rate that anneals it linearly to 0 over the last ``cooldown`` of a
+    run's budget (not in the paper: inverse square root with a cooldown, Zhai et al., 2022,
+    "Scaling Vision Transformers"; Hägele et al., 2024). ``progress`` is the fraction of the
+    budget spent, from 0 to 1: 1 until ``1 - cooldown``, then ``(1 - progress) / cooldown``.
+    ``cooldown`` 0 leaves eq. 3 as it is."""
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))

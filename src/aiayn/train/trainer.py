@@ -39,7 +39,7 @@ from .data import load_phrases, sample_phrases
 from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
 from .objectives import Objective, Translation, objective_for
 from .precision import Precision, choose_precision, time_passes
-from .schedule import paper_lr
+from .schedule import cooldown_factor, paper_lr
 
 __all__ = ["TrainResult", "train"]
 
@@ -307,6 +307,17 @@ def train(
             return "max_time"
         return None
 
+    def progress(position: float) -> float:
+        """The fraction of the run's budget spent (steps, epochs or seconds, whichever is ahead)."""
+        spent = [0.0]
+        if cfg.max_steps is not None:
+            spent.append(step / cfg.max_steps)
+        if cfg.max_epochs is not None:
+            spent.append(position / cfg.max_epochs)
+        if cfg.max_time is not None:
+            spent.append((elapsed_before + time.perf_counter() - start) / cfg.max_time)
+        return max(spent)
+
     def checkpoint_now() -> Path:
         state["elapsed"] = elapsed_before + time.perf_counter() - start
         return save_checkpoint(out, model, tokenizer, optimizer, dict(state, run=run.to_dict()), cfg.keep_checkpoints)
@@ -324,6 +335,8 @@ def train(
         tokens = all_reduce_sum(torch.tensor(float(sum(b.num_tokens for b in mine))), d).item()
         positions = all_reduce_sum(torch.tensor(float(sum(b.num_positions for b in mine))), d).item()
         lr = paper_lr(step + 1, model_config.d_model, cfg.warmup, cfg.lr_scale)
+        if cfg.cooldown:
+            lr *= cooldown_factor(progress(group[0][0] + group[0][1] / group[0][2]), cfg.cooldown)
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros((), device=d.device)
