@@ -372,15 +372,21 @@ def test_plot_pe_and_lr_commands(tmp_path, capsys, monkeypatch):
     assert main(["plot", "lr", "--config", str(ding), "--out", str(lr)]) == 0
     assert capsys.readouterr().out == f"written {pe}\nwritten {lr}\n"
     assert _png_size(pe) == (800, 600) and _png_size(lr) == (800, 450)
-    # the curve is §5.3's formula with the preset's d_model, warmup and scale, read here from the YAML
+    # the curve is §5.3's formula with the preset's d_model, warmup and scale, read here from the YAML,
+    # annealed linearly to 0 over the preset's cooldown, the last fraction of the steps drawn
     preset = yaml.safe_load(ding.read_text())
     d_model, warmup, scale = preset["model"]["d_model"], preset["train"]["warmup"], preset["train"]["lr_scale"]
-    assert d_model != 512 and warmup != 4000 and scale != 1.0  # none is the default, so ignoring one would show
+    cooldown = preset["train"]["cooldown"]
+    assert d_model != 512 and warmup != 4000 and scale != 1.0 and cooldown > 0  # none the default: ignoring one shows
     assert "max_steps" not in preset["train"]
     steps, rates = lr_calls[-1][1].axes[0].lines[0].get_data()
-    assert list(steps) == list(range(1, 10 * warmup + 1))  # without max_steps: 10 · warmup steps
-    expected = [scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5) for step in steps]
-    assert list(rates) == pytest.approx(expected, rel=1e-12)
+    n = 10 * warmup
+    assert list(steps) == list(range(1, n + 1))  # without max_steps: 10 · warmup steps
+    expected = [
+        scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5) * min(1, (n - step + 1) / (cooldown * n))
+        for step in steps
+    ]
+    assert list(rates) == pytest.approx(expected, rel=1e-9)
     # a flag of the other kind is an error, not silently ignored
     assert main(["plot", "pe", "--steps", "10", "--out", str(pe)]) == 1
     assert "--steps belongs to `aiayn plot lr`" in capsys.readouterr().err

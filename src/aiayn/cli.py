@@ -256,7 +256,8 @@ def _plot(args: argparse.Namespace) -> int:
         out = args.out or "lr.png"
         d_model = run.model_config(run.train.vocab_size).d_model
         steps = args.steps if args.steps is not None else run.train.max_steps
-        viz.plot_schedule(d_model, run.train.warmup, run.train.lr_scale, steps=steps, out=out)
+        train = run.train
+        viz.plot_schedule(d_model, train.warmup, train.lr_scale, steps=steps, out=out, cooldown=train.cooldown)
     print(f"written {out}")
     return 0
 

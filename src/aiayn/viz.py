@@ -305,14 +305,21 @@ def plot_positional_encoding(
 
 
 def plot_schedule(
-    d_model: int, warmup: int = 4000, scale: float = 1.0, steps: int | None = None, out: str | Path | None = None
+    d_model: int,
+    warmup: int = 4000,
+    scale: float = 1.0,
+    steps: int | None = None,
+    out: str | Path | None = None,
+    cooldown: float = 0.0,
 ) -> Figure:
     """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, eq. 3) for steps
     1 to ``steps`` (default 10 · warmup): a linear rise to the peak at ``warmup``, then an
-    inverse-square-root decay. Returns the figure; saved as a PNG at ``out`` if given."""
+    inverse-square-root decay; with ``cooldown`` (``train.cooldown``) the rate falls linearly to
+    0 over that last fraction of the ``steps``, taken as the run's budget. Returns the figure;
+    saved as a PNG at ``out`` if given."""
     from matplotlib.figure import Figure
 
-    from .train.schedule import paper_lr
+    from .train.schedule import cooldown_factor, paper_lr
 
     steps = 10 * warmup if steps is None else steps
     if steps <= 0:
@@ -320,10 +327,15 @@ def plot_schedule(
     x = list(range(1, steps + 1))
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.subplots()
-    ax.plot(x, [paper_lr(step, d_model, warmup, scale) for step in x])
+    # step k starts with k - 1 steps of the budget spent, as in the trainer
+    ax.plot(x, [paper_lr(step, d_model, warmup, scale) * cooldown_factor((step - 1) / steps, cooldown) for step in x])
     if warmup <= steps:
         peak = paper_lr(warmup, d_model, warmup, scale)
         ax.axvline(warmup, color="grey", ls=":", label=f"warmup = {warmup}: peak {peak:.3g}")
+    if cooldown > 0:
+        label = f"cooldown: the last {cooldown:g} of {steps:,} steps"
+        ax.axvline((1 - cooldown) * steps, color="grey", ls="--", label=label)
+    if warmup <= steps or cooldown > 0:
         ax.legend()
     ax.set(
         xlabel="step",
