@@ -188,6 +188,30 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, corpus)
     assert losses(single) == pytest.approx(losses(ddp), rel=1e-5)
 
 
+def test_ddp_with_max_time_and_cooldown_stops_together(tmp_path, corpus):
+    """torchrun --nproc_per_node 2 with train.max_time and a cooldown by time: the processes agree
+    on the seconds spent (their mean), so both stop at one step and the run ends, and every step's
+    rate is eq. 3 times the cooldown at a time between the previous step's end and its own."""
+    max_time, warmup = 4.0, 4
+    config = write_config(tmp_path, corpus, max_steps=None, max_time=max_time, cooldown=1.0, warmup=warmup,
+                          checkpoint_every=None, eval_every=10_000)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "aiayn",
+           "train", "--config", str(config), "--out", str(tmp_path / "ddp"), "--train.accumulate", "1"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(max_time)" in result.stdout + result.stderr
+    logged = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if r["kind"] == "train"]
+    assert len(steps) > 3
+    before = 0.0
+    for k, r in enumerate(steps, 1):
+        factor = r["lr"] / (32**-0.5 * min(k**-0.5, k * warmup**-1.5))  # d_model 32, lr_scale 1
+        # the mean of the two processes' clocks: within a step's length (plus slack) of the main one's
+        assert 1 - r["elapsed"] / max_time - 0.05 <= factor <= 1 - before / max_time + 0.05, (k, factor)
+        before = r["elapsed"]
+
+
 def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, corpus):
     run = RunConfig.from_yaml(write_config(tmp_path, corpus, max_steps=3))
     train(run, tmp_path / "run", progress=False, log=lambda _: None)

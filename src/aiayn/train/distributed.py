@@ -44,8 +44,12 @@ def setup_distributed(device: str | None = None) -> Dist:
 
 
 def all_reduce_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The sum of ``value`` over the processes, on ``value``'s device. The reduction itself runs
+    on the process's device: NCCL reduces CUDA tensors only."""
     if d.world > 1:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        on_device = value.to(d.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+        return on_device.to(value.device)
     return value
 
 

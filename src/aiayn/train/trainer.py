@@ -298,16 +298,25 @@ def train(
     bar = progress_bar(total=cfg.max_steps, initial=step, disable=not (progress and d.main), desc="train", unit="step")
     model.train()
 
-    def stop_reason() -> str | None:
+    def seconds_spent() -> float:
+        """Seconds of training so far. With ``max_time``, under several processes, their mean:
+        every process then stops at the same step (none waits on the others forever) and takes
+        the same cooldown rate."""
+        seconds = elapsed_before + time.perf_counter() - start
+        if cfg.max_time is None or d.world == 1:
+            return seconds
+        return all_reduce_sum(torch.tensor(seconds, dtype=torch.float64), d).item() / d.world
+
+    def stop_reason(seconds: float) -> str | None:
         if cfg.max_steps is not None and step >= cfg.max_steps:
             return "max_steps"
         if cfg.max_epochs is not None and state["epoch"] >= cfg.max_epochs:
             return "max_epochs"
-        if cfg.max_time is not None and elapsed_before + time.perf_counter() - start >= cfg.max_time:
+        if cfg.max_time is not None and seconds >= cfg.max_time:
             return "max_time"
         return None
 
-    def progress(position: float) -> float:
+    def progress(position: float, seconds: float) -> float:
         """The fraction of the run's budget spent (steps, epochs or seconds, whichever is ahead)."""
         spent = [0.0]
         if cfg.max_steps is not None:
@@ -315,14 +324,14 @@ def train(
         if cfg.max_epochs is not None:
             spent.append(position / cfg.max_epochs)
         if cfg.max_time is not None:
-            spent.append((elapsed_before + time.perf_counter() - start) / cfg.max_time)
+            spent.append(seconds / cfg.max_time)
         return max(spent)
 
     def checkpoint_now() -> Path:
         state["elapsed"] = elapsed_before + time.perf_counter() - start
         return save_checkpoint(out, model, tokenizer, optimizer, dict(state, run=run.to_dict()), cfg.keep_checkpoints)
 
-    while (reason := stop_reason()) is None:
+    while (reason := stop_reason(seconds := seconds_spent())) is None:
         step_start = time.perf_counter()
         group = [next(stream) for _ in range(per_step)]
         epoch, index, epoch_batches, _ = group[-1]
@@ -336,7 +345,7 @@ def train(
         positions = all_reduce_sum(torch.tensor(float(sum(b.num_positions for b in mine))), d).item()
         lr = paper_lr(step + 1, model_config.d_model, cfg.warmup, cfg.lr_scale)
         if cfg.cooldown:
-            lr *= cooldown_factor(progress(group[0][0] + group[0][1] / group[0][2]), cfg.cooldown)
+            lr *= cooldown_factor(progress(group[0][0] + group[0][1] / group[0][2], seconds), cfg.cooldown)
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros((), device=d.device)
