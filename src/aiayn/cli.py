@@ -257,7 +257,10 @@ def _plot(args: argparse.Namespace) -> int:
         d_model = run.model_config(run.train.vocab_size).d_model
         steps = args.steps if args.steps is not None else run.train.max_steps
         train = run.train
-        viz.plot_schedule(d_model, train.warmup, train.lr_scale, steps=steps, out=out, cooldown=train.cooldown)
+        budget = "" if steps is not None or not train.cooldown else "standing for the run's max_time or max_epochs"
+        viz.plot_schedule(
+            d_model, train.warmup, train.lr_scale, steps=steps, out=out, cooldown=train.cooldown, budget=budget
+        )  # fmt: skip
     print(f"written {out}")
     return 0
 

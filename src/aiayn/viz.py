@@ -311,12 +311,14 @@ def plot_schedule(
     steps: int | None = None,
     out: str | Path | None = None,
     cooldown: float = 0.0,
+    budget: str = "",
 ) -> Figure:
     """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, eq. 3) for steps
     1 to ``steps`` (default 10 · warmup): a linear rise to the peak at ``warmup``, then an
     inverse-square-root decay; with ``cooldown`` (``train.cooldown``) the rate falls linearly to
-    0 over that last fraction of the ``steps``, taken as the run's budget. Returns the figure;
-    saved as a PNG at ``out`` if given."""
+    0 over that last fraction of the ``steps``, taken as the run's budget (``budget`` says what
+    else it stands for, e.g. a run's ``max_time``). Returns the figure; saved as a PNG at ``out``
+    if given."""
     from matplotlib.figure import Figure
 
     from .train.schedule import cooldown_factor, paper_lr
@@ -333,7 +335,7 @@ def plot_schedule(
         peak = paper_lr(warmup, d_model, warmup, scale)
         ax.axvline(warmup, color="grey", ls=":", label=f"warmup = {warmup}: peak {peak:.3g}")
     if cooldown > 0:
-        label = f"cooldown: the last {cooldown:g} of {steps:,} steps"
+        label = f"cooldown: the last {cooldown:g} of {steps:,} steps" + (f" ({budget})" if budget else "")
         ax.axvline((1 - cooldown) * steps, color="grey", ls="--", label=label)
     if warmup <= steps or cooldown > 0:
         ax.legend()

@@ -141,6 +141,10 @@ def test_bf16_gradient_is_the_same_mask_and_scale():
     assert torch.all(x.grad[~kept] == 0)
 
 
+needs_dynamo = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile unsupported here")
+
+
+@needs_dynamo
 def test_under_torch_compile_dropout_keeps_its_distribution_and_gradient():
     """train.compile: the compiler draws the mask itself (F.dropout); still p of the elements
     dropped, the rest scaled by 1 / (1 - p), and the gradient the same mask and scale."""
@@ -157,6 +161,7 @@ def test_under_torch_compile_dropout_keeps_its_distribution_and_gradient():
     torch.testing.assert_close(x.grad, y.detach())  # d(sum y)/dx = mask · scale = y for x = 1
 
 
+@needs_dynamo
 def test_a_compiled_model_trains_with_dropout():
     """The trainer's train.compile: torch.compile(model, dynamic=True) on token batches of two
     shapes, forward and backward in training mode (the 16-bit mask, viewed from 64-bit draws,

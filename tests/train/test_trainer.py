@@ -191,14 +191,15 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, corpus)
 def test_ddp_with_max_time_and_cooldown_stops_together(tmp_path, corpus):
     """torchrun --nproc_per_node 2 with train.max_time and a cooldown by time: the processes agree
     on the seconds spent (their mean), so both stop at one step and the run ends, and every step's
-    rate is eq. 3 times the cooldown at a time between the previous step's end and its own."""
+    rate is eq. 3 times the cooldown at a time between the previous step's end and its own. A smoke
+    test of the path: the clocks of two processes on one machine rarely differ enough to split."""
     max_time, warmup = 4.0, 4
     config = write_config(tmp_path, corpus, max_steps=None, max_time=max_time, cooldown=1.0, warmup=warmup,
                           checkpoint_every=None, eval_every=10_000)  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "aiayn",
            "train", "--config", str(config), "--out", str(tmp_path / "ddp"), "--train.accumulate", "1"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(max_time)" in result.stdout + result.stderr
     logged = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
@@ -208,7 +209,7 @@ def test_ddp_with_max_time_and_cooldown_stops_together(tmp_path, corpus):
     for k, r in enumerate(steps, 1):
         factor = r["lr"] / (32**-0.5 * min(k**-0.5, k * warmup**-1.5))  # d_model 32, lr_scale 1
         # the mean of the two processes' clocks: within a step's length (plus slack) of the main one's
-        assert 1 - r["elapsed"] / max_time - 0.05 <= factor <= 1 - before / max_time + 0.05, (k, factor)
+        assert 1 - r["elapsed"] / max_time - 0.1 <= factor <= 1 - before / max_time + 0.1, (k, factor)
         before = r["elapsed"]
 
 

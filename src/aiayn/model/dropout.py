@@ -10,8 +10,9 @@ holding 0 or the scale, so the forward and the backward pass are each one multip
 isolation this is about 4× faster than ``F.dropout`` per use. The scale uses the rounded
 probability, so the expectation stays exactly ``x``. The float mask kept for the backward pass
 takes 4 bytes per element where a boolean one takes 1. On other devices (CUDA's fused dropout
-is already fast), for dtypes other than float32 and bfloat16, and under ``torch.compile`` (whose
-code generator fuses its own random numbers into the product) it is ``torch.nn.functional.dropout``.
+is already fast), for dtypes other than float32 and bfloat16, and under ``torch.compile`` (where
+inductor fuses its own random numbers into the product, and p is not rounded to 1/65536) it is
+``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations

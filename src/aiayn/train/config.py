@@ -114,7 +114,9 @@ class TrainConfig:
     run's budget the rate falls linearly to 0 (``schedule.cooldown_factor``), as a run with a
     known end can afford. The budget is the first of ``max_steps``, ``max_epochs`` and
     ``max_time`` to run out: by steps and epochs the rates are the same from run to run; by
-    ``max_time`` they follow the seconds the machine takes.
+    ``max_time`` they follow the seconds the machine takes (under several processes, the mean
+    of their clocks; ``elapsed`` in metrics.jsonl is the main process's own). A run resumed with
+    a larger budget takes the rate its budget gives: a cooled-down rate rises again.
 
     ``bleu_every`` (steps; off by default): also translate the dev sources greedily and log BLEU
     and chrF (``kind: dev_bleu`` in metrics.jsonl), as fairseq's ``--eval-bleu`` does, to see what
@@ -168,7 +170,7 @@ class TrainConfig:
             raise ValueError(f"train.word_dropout must be in [0, 1), got {self.word_dropout!r}")
         if self.word_dropout and self.task == "mlm":
             raise ValueError("train.word_dropout is for translation and lm; the masked LM corrupts its input already")
-        if not 0 <= self.cooldown <= 1:
+        if isinstance(self.cooldown, bool) or not 0 <= self.cooldown <= 1:
             raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
         if self.amp not in (True, False, "auto"):
             raise ValueError(f"train.amp must be auto, true or false, got {self.amp!r}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Dist", "setup_distributed", "all_reduce_sum", "teardown_distributed"]
+__all__ = ["Dist", "setup_distributed", "all_reduce_sum", "barrier", "teardown_distributed"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ def all_reduce_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
         dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
         return on_device.to(value.device)
     return value
+
+
+def barrier(d: Dist) -> None:
+    """Wait until every process gets here (nothing to do in one process)."""
+    if d.world > 1:
+        dist.barrier()
 
 
 def teardown_distributed(d: Dist) -> None:

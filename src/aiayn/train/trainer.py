@@ -36,7 +36,7 @@ from ..progress import progress_bar
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .config import RunConfig
 from .data import load_phrases, sample_phrases
-from .distributed import all_reduce_sum, setup_distributed, teardown_distributed
+from .distributed import all_reduce_sum, barrier, setup_distributed, teardown_distributed
 from .objectives import Objective, Translation, objective_for
 from .precision import Precision, choose_precision, time_passes
 from .schedule import cooldown_factor, paper_lr
@@ -292,6 +292,7 @@ def train(
     per_step = cfg.accumulate * d.world
     stream = _positions(batcher, state["epoch"], state["index"])
     step, elapsed_before = state["step"], state["elapsed"]
+    barrier(d)  # the processes' clocks start together (max_time, the cooldown)
     start = time.perf_counter()
     last_checkpoint_time = start
     train_loss = dev_loss = dev_ppl = None
@@ -316,7 +317,7 @@ def train(
             return "max_time"
         return None
 
-    def progress(position: float, seconds: float) -> float:
+    def budget_spent(position: float, seconds: float) -> float:
         """The fraction of the run's budget spent (steps, epochs or seconds, whichever is ahead)."""
         spent = [0.0]
         if cfg.max_steps is not None:
@@ -345,7 +346,7 @@ def train(
         positions = all_reduce_sum(torch.tensor(float(sum(b.num_positions for b in mine))), d).item()
         lr = paper_lr(step + 1, model_config.d_model, cfg.warmup, cfg.lr_scale)
         if cfg.cooldown:
-            lr *= cooldown_factor(progress(group[0][0] + group[0][1] / group[0][2], seconds), cfg.cooldown)
+            lr *= cooldown_factor(budget_spent(group[0][0] + group[0][1] / group[0][2], seconds), cfg.cooldown)
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros((), device=d.device)
@@ -366,17 +367,17 @@ def train(
         if state["index"] >= epoch_batches:
             state["epoch"], state["index"] = epoch + 1, 0
         train_loss = all_reduce_sum(loss_sum, d).item() / tokens
-        seconds = time.perf_counter() - step_start
+        step_seconds = time.perf_counter() - step_start
         if step % cfg.log_every == 0:
             metrics.log(
                 {
                     "kind": "train", "step": step, "epoch": epoch, "loss": train_loss, "lr": lr,
-                    "tokens": int(positions), "tokens_per_s": round(positions / seconds, 1),
+                    "tokens": int(positions), "tokens_per_s": round(positions / step_seconds, 1),
                     "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
                 }
             )  # fmt: skip
         # no refresh: update draws it when due, not every step into a log file (progress.py)
-        tok_s = positions / seconds
+        tok_s = positions / step_seconds
         bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", epoch=epoch, refresh=False)
         bar.update(1)
         if dev_examples and step % cfg.eval_every == 0:
