@@ -174,3 +174,18 @@ def test_phrase_tag_at_another_id_is_an_error(tmp_path, tokenizer):
     hf.save(str(tmp_path / "late.json"))
     with pytest.raises(ValueError, match="<phrase> must have id 5"):
         Tokenizer.load(tmp_path / "late.json")
+
+
+def test_merge_parents_spell_each_merged_token(tokenizer):
+    """Every token the BPE merged (all but the specials and the 256 bytes) has two parts whose
+    strings concatenate to its own, each part a shorter token; bytes and specials have none."""
+    parents = tokenizer.merge_parents()
+    vocab = tokenizer.hf.get_vocab()
+    assert len(parents) == tokenizer.vocab_size - len(SPECIAL_TOKENS) - 256
+    for merged, (left, right) in parents.items():
+        string = tokenizer.hf.id_to_token(merged)
+        assert tokenizer.hf.id_to_token(left) + tokenizer.hf.id_to_token(right) == string
+        assert len(tokenizer.hf.id_to_token(left)) < len(string) and len(tokenizer.hf.id_to_token(right)) < len(string)
+    assert not set(range(len(SPECIAL_TOKENS))) & parents.keys()
+    assert all(len(token) > 1 for token, i in vocab.items() if i in parents)
+    assert sum(len(token) == 1 for token in vocab) == 256  # the byte alphabet: never split

@@ -1,6 +1,9 @@
 """The per-task batches: BERT's masking rates on a large sample, the causal LM's shift, the masked
 LM's targets; the ``select`` path of the language models; ``<mask>`` in the tokenizer."""
 
+import random
+from collections import Counter
+
 import pytest
 import torch
 
@@ -8,7 +11,7 @@ from aiayn import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 from aiayn.data.batching import collate
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.train.config import TrainConfig
-from aiayn.train.objectives import CausalLM, MaskedLM, Translation, drop_words, mask_tokens, objective_for
+from aiayn.train.objectives import CausalLM, MaskedLM, Translation, bpe_dropout, drop_words, mask_tokens, objective_for
 from aiayn.train.trainer import evaluate_loss
 
 PAD, BOS, EOS, UNK, MASK, PHRASE = 0, 1, 2, 3, 4, 5
@@ -221,3 +224,97 @@ def test_dev_loss_is_unaffected_by_word_dropout(task):
     dropped = objective(0.5).collate(examples, config, seed=0, train=True)
     with torch.no_grad():
         assert objective().loss(model, plain, 0.0)[1] != objective().loss(model, dropped, 0.0)[1]
+
+
+# BPE-dropout (train.bpe_dropout) ------------------------------------------------------------------
+
+# a hand-made merge tree: 10 = 6 + 7, 11 = 10 + 8, 12 = 11 + 9
+TREE = {10: (6, 7), 11: (10, 8), 12: (11, 9)}
+
+
+@pytest.mark.parametrize("p", [0.1, 0.4])
+def test_bpe_dropout_draws_each_segmentation_with_its_probability(p):
+    """Token 11 = (6 + 7) + 8 has three segmentations; splitting each merge with probability p
+    top down gives [11] with 1 - p, [10, 8] with p (1 - p), [6, 7, 8] with p². 20,000 draws
+    against those (5 standard deviations), and token 12's mean length against the recursion
+    E n(t) = (1 - p) + p (E n(left) + E n(right))."""
+    rng, n = random.Random(0), 20_000
+    counts = Counter(tuple(bpe_dropout([11], p, TREE, rng)) for _ in range(n))
+    expected = {(11,): 1 - p, (10, 8): p * (1 - p), (6, 7, 8): p * p}
+    assert set(counts) == set(expected)
+    for outcome, q in expected.items():
+        assert abs(counts[outcome] / n - q) < 5 * (q * (1 - q) / n) ** 0.5, outcome
+
+    def mean_length(t):
+        if t not in TREE:
+            return 1.0
+        return (1 - p) + p * (mean_length(TREE[t][0]) + mean_length(TREE[t][1]))
+
+    lengths = [len(bpe_dropout([12], p, TREE, rng)) for _ in range(n)]
+    mean = sum(lengths) / n
+    sd = (sum((x - mean) ** 2 for x in lengths) / n) ** 0.5
+    assert abs(mean - mean_length(12)) < 5 * sd / n**0.5
+
+
+def test_bpe_dropout_keeps_the_text_and_is_repeatable(tokenizer):
+    """On a trained BPE: the split ids decode to the same text, are longer at p 0.3, equal at p 0;
+    the same seed draws the same splits, another seed others; a token with no merge (a byte, a
+    special, the tag) is never split."""
+    parents = tokenizer.merge_parents()
+    texts = ["Das ist ein rotes Haus.", "Ein kleines Haus ist groß.", "Das Haus ist gut, das rote nicht."]
+    for text in texts:
+        ids = tokenizer.encode(text)
+        assert bpe_dropout(ids, 0.0, parents, random.Random(0)) == ids
+        split = [bpe_dropout(ids, 0.3, parents, random.Random(seed)) for seed in range(20)]
+        assert all(tokenizer.decode(s) == text for s in split)
+        assert sum(map(len, split)) > 20 * len(ids)
+        assert bpe_dropout(ids, 0.3, parents, random.Random(3)) == split[3]
+        assert len({tuple(s) for s in split}) > 1
+    kept = [PAD, BOS, EOS, UNK, MASK, PHRASE, tokenizer.hf.token_to_id("a")]
+    assert bpe_dropout(kept, 0.9, parents, random.Random(0)) == kept
+
+
+@pytest.mark.parametrize("task", ["translation", "lm"])
+def test_bpe_dropout_splits_training_batches_on_both_sides_consistently(task, tokenizer):
+    """With train=True, each side is split (the batch is longer), the decoder input is the target
+    shifted (the loss scores the split target), the texts are unchanged; evaluation batches
+    (train=False) are the plain ones."""
+    config, p = ModelConfig.tiny(tokenizer.vocab_size), 0.3
+    sentences = ["Das ist ein rotes Haus.", "Ein kleines Haus ist groß.", "Das Haus ist gut."] * 4
+    objective = objective_for(TrainConfig(task=task, bpe_dropout=p, max_steps=1))
+    assert objective.bpe_dropout == p
+    objective.merge_parents = tokenizer.merge_parents()
+
+    def text(row):
+        return tokenizer.decode([i for i in row.tolist() if i > EOS])
+
+    if task == "translation":
+        pairs = [(tokenizer.encode(s), tokenizer.encode(s[::-1])) for s in sentences]
+        plain = collate(pairs, PAD, BOS, EOS)
+        batch = objective.collate(pairs, config, seed=1, train=True)
+        assert batch.src.shape[1] > plain.src.shape[1] and batch.tgt_out.shape[1] > plain.tgt_out.shape[1]
+        for i, (s, t) in enumerate(zip(sentences, (s[::-1] for s in sentences), strict=True)):
+            assert text(batch.src[i]) == s and text(batch.tgt_out[i]) == t
+            length = int((batch.tgt_out[i] != PAD).sum())
+            assert batch.tgt_in[i, 0] == BOS and torch.equal(batch.tgt_in[i, 1:length], batch.tgt_out[i, : length - 1])
+        evaluation = objective.collate(pairs, config, seed=1)
+        assert torch.equal(evaluation.src, plain.src) and torch.equal(evaluation.tgt_out, plain.tgt_out)
+    else:
+        texts = [tokenizer.encode(s) for s in sentences]
+        plain = CausalLM().collate(texts, config, seed=0)
+        batch = objective.collate(texts, config, seed=1, train=True)
+        assert batch.inputs.shape[1] > plain.inputs.shape[1]
+        for i, s in enumerate(sentences):
+            assert text(batch.targets[i]) == s
+            length = int((batch.targets[i] != PAD).sum())
+            assert torch.equal(batch.inputs[i, 1:length], batch.targets[i, : length - 1])
+        assert torch.equal(objective.collate(texts, config, seed=1).inputs, plain.inputs)
+
+
+def test_bpe_dropout_is_validated():
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="bpe_dropout"):
+            TrainConfig(bpe_dropout=bad, max_steps=1)
+    with pytest.raises(ValueError, match="bpe_dropout"):
+        TrainConfig(task="mlm", bpe_dropout=0.1, max_steps=1)
+    assert objective_for(TrainConfig(max_steps=1)).bpe_dropout == 0.0  # off by default

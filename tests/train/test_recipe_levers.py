@@ -1,7 +1,8 @@
 """The trainer's recipe levers end to end, each on a few steps of a tiny model: ``data.phrase_tag``
-(the <phrase> tag on dictionary pairs' sources, never produced), ``train.word_dropout`` (training
-batches only) and ``train.amp`` (the precision chosen, logged, checkpointed, kept on resume; the
-probe leaving the run as it would have been). The corpus of test_trainer.py."""
+(the <phrase> tag on dictionary pairs' sources, never produced), ``train.word_dropout`` and
+``train.bpe_dropout`` (training batches only), and ``train.amp`` (the precision chosen, logged,
+checkpointed, kept on resume; the probe leaving the run as it would have been). The corpus of
+test_trainer.py."""
 
 import json
 from pathlib import Path
@@ -175,6 +176,38 @@ def test_word_dropout_applies_to_training_batches_only(tmp_path, corpus, monkeyp
     assert 0.2 < dropped / words < 0.4
     assert all(not (b.src == UNK).any() and not (b.tgt_in == UNK).any() for b in dev)
     assert all(not (b.tgt_out == UNK).any() for b in training)
+
+
+# train.bpe_dropout --------------------------------------------------------------------------------
+
+
+def test_bpe_dropout_splits_training_batches_only_and_repeats_run_to_run(tmp_path, corpus, monkeypatch):
+    """Training batches hold more tokens than their examples and spell the same texts on both
+    sides; dev batches are the examples as encoded; a second run draws the same splits (its
+    losses equal the first's bit for bit)."""
+    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=2, amp=False)
+    run = RunConfig.from_yaml(config, parse_overrides(["--train.bpe_dropout", "0.3"]))
+    calls = record_collates(monkeypatch)
+    train(run, tmp_path / "run", **QUIET)
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+
+    def texts(rows):
+        return [tokenizer.decode([i for i in row.tolist() if i > 2]) for row in rows]
+
+    training = [(examples, batch) for examples, phase, batch in calls if phase == "train"]
+    dev = [(examples, batch) for examples, phase, batch in calls if phase == "dev"]
+    assert len(training) == 4 and dev
+    grown = 0
+    for examples, batch in training:
+        assert texts(batch.src) == [tokenizer.decode(s) for s, _ in examples]
+        assert texts(batch.tgt_out) == [tokenizer.decode(t) for _, t in examples]
+        grown += int((batch.src != 0).sum()) - sum(len(s) + 1 for s, _ in examples)
+    assert grown > 0
+    for examples, batch in dev:
+        assert [row[row != 0].tolist()[:-1] for row in batch.src] == [s for s, _ in examples]
+    again = tmp_path / "again"
+    train(run, again, **QUIET)
+    assert losses(again) == losses(tmp_path / "run")
 
 
 # train.amp ------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ text after it gets no prefix space. "a <mask> house." reads ``Ġa <mask> Ġhouse
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -94,6 +95,19 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
+
+    def merge_parents(self) -> dict[int, tuple[int, int]]:
+        """Per merged token, the ids of the two tokens its BPE merge joined (``Ġd`` + ``er`` ->
+        ``Ġder``): the merge tree that ``train.bpe_dropout`` undoes. Bytes and specials have none."""
+        merges = json.loads(self.hf.to_str())["model"]["merges"]
+        parents: dict[int, tuple[int, int]] = {}
+        for merge in merges:
+            left, right = merge.split(" ", 1) if isinstance(merge, str) else merge  # older files: "a b"
+            ids = self.hf.token_to_id(left), self.hf.token_to_id(right), self.hf.token_to_id(left + right)
+            if None in ids:
+                raise ValueError(f"tokenizer: the merge {left!r} + {right!r} names a token not in the vocabulary")
+            parents.setdefault(ids[2], (ids[0], ids[1]))  # a token two merges make: the first
+        return parents
 
     def encode(self, text: str, target: bool = False) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS); ``target``: a target-side text (one joint BPE:

@@ -105,6 +105,12 @@ class TrainConfig:
     ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
     the loss scores are untouched.
 
+    ``bpe_dropout`` (not in the paper; Provilkov et al., 2020, for low-resource NMT): in training
+    batches each BPE merge of a source or target token is undone with this probability
+    (``objectives.bpe_dropout``), so a word comes in several segmentations; evaluation and
+    translation segment as usual. Batches grow by about this fraction of their merged tokens
+    over ``max_tokens``.
+
     ``init`` (fine-tuning): start from the model directory ``init``, its config, weights and
     tokenizer (an aiayn model, or an OPUS-MT model converted by ``aiayn convert marian``), not
     from a fresh BPE and random weights. Of the run's ``model`` section only the dropout fields
@@ -135,6 +141,7 @@ class TrainConfig:
     adam_eps: float = 1e-9
     eps_ls: float = 0.1
     word_dropout: float = 0.0  # each input token replaced by <unk> with this probability (training only)
+    bpe_dropout: float = 0.0  # each BPE merge of a training token undone with this probability
     clip_norm: float | None = None
     max_steps: int | None = None
     max_epochs: int | None = None
@@ -170,6 +177,10 @@ class TrainConfig:
             raise ValueError(f"train.word_dropout must be in [0, 1), got {self.word_dropout!r}")
         if self.word_dropout and self.task == "mlm":
             raise ValueError("train.word_dropout is for translation and lm; the masked LM corrupts its input already")
+        if not 0 <= self.bpe_dropout < 1:
+            raise ValueError(f"train.bpe_dropout must be in [0, 1), got {self.bpe_dropout!r}")
+        if self.bpe_dropout and self.task == "mlm":
+            raise ValueError("train.bpe_dropout is for translation and lm")
         if isinstance(self.cooldown, bool) or not 0 <= self.cooldown <= 1:
             raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
         if self.amp not in (True, False, "auto"):

@@ -20,6 +20,7 @@ Legend: B sequences in a batch, L sequence length, N scored positions, V vocabul
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,7 +34,9 @@ from .config import DataConfig, TrainConfig
 from .data import load_split, load_texts
 from .loss import label_smoothed_loss
 
-__all__ = ["Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens", "drop_words"]
+__all__ = [
+    "Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens", "drop_words", "bpe_dropout",
+]  # fmt: skip
 
 Log = Callable[[str], None]
 
@@ -83,8 +86,9 @@ class Translation(Objective):
 
     task, unit, model_class = "translation", "pairs", Transformer
 
-    def __init__(self, word_dropout: float = 0.0) -> None:
-        self.word_dropout = word_dropout
+    def __init__(self, word_dropout: float = 0.0, bpe_dropout: float = 0.0) -> None:
+        self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
+        self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: the tokenizer's merges
 
     def load(self, data: DataConfig, split: str, log: Log, seed: int, required: bool) -> list[tuple[str, str]]:
         return load_split(data, split, log, seed=seed, required=required)
@@ -106,6 +110,10 @@ class Translation(Objective):
     def collate(
         self, examples: list[tuple[list[int], list[int]]], config: ModelConfig, seed: int, train: bool = False
     ) -> Batch:
+        if train and self.bpe_dropout:  # both sides; the target's split is also what the loss scores
+            rng = random.Random(seed)
+            drop = self.bpe_dropout, self.merge_parents, rng
+            examples = [(bpe_dropout(s, *drop), bpe_dropout(t, *drop)) for s, t in examples]
         batch = collate(examples, config.pad_id, config.bos_id, config.eos_id)
         if train and self.word_dropout:
             generator = torch.Generator().manual_seed(seed)
@@ -156,10 +164,14 @@ class CausalLM(_Monolingual):
 
     task, model_class = "lm", DecoderOnly
 
-    def __init__(self, word_dropout: float = 0.0) -> None:
-        self.word_dropout = word_dropout
+    def __init__(self, word_dropout: float = 0.0, bpe_dropout: float = 0.0) -> None:
+        self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
+        self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: the tokenizer's merges
 
     def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
+        if train and self.bpe_dropout:
+            rng = random.Random(seed)
+            examples = [bpe_dropout(x, self.bpe_dropout, self.merge_parents, rng) for x in examples]
         inputs = collate_text([[config.bos_id, *x] for x in examples], config.pad_id)  # (B, L)
         targets = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
         if train and self.word_dropout:
@@ -238,10 +250,37 @@ def drop_words(
     return tokens.masked_fill(dropped, unk_id)
 
 
+def bpe_dropout(ids: list[int], p: float, parents: dict[int, tuple[int, int]], rng: random.Random) -> list[int]:
+    """BPE-dropout (Provilkov et al., 2020, "BPE-Dropout: Simple and Effective Subword
+    Regularization"; not in the paper): each merge that built a token is undone with probability
+    ``p``, so the model sees a word in several segmentations and learns its pieces. Provilkov et
+    al. skip each merge with probability ``p`` while segmenting; here the merges undone are those
+    of the token's own merge tree (``parents``: merged id -> the two ids it joined, from
+    ``Tokenizer.merge_parents``), top down: a token is split with probability ``p`` into its two
+    parts, each part again with probability ``p``, and so on down to bytes. The text is unchanged
+    (the parts spell the token), ``p = 0`` changes nothing, it costs no second tokenization, and
+    ``rng`` (seeded by the batch's position) makes it repeatable, so a resumed run draws the same
+    splits. Sequences grow: about ``p`` more tokens
+    per merged token.
+    """
+    out: list[int] = []
+    stack: list[int] = []
+    for token in ids:
+        stack.append(token)
+        while stack:
+            t = stack.pop()
+            pair = parents.get(t)
+            if pair is not None and rng.random() < p:
+                stack += (pair[1], pair[0])  # the left part next
+            else:
+                out.append(t)
+    return out
+
+
 def objective_for(train: TrainConfig) -> Objective:
     """The objective of ``train.task``."""
     if train.task == "lm":
-        return CausalLM(train.word_dropout)
+        return CausalLM(train.word_dropout, train.bpe_dropout)
     if train.task == "mlm":
         return MaskedLM(train.mask_prob)
-    return Translation(train.word_dropout)
+    return Translation(train.word_dropout, train.bpe_dropout)

@@ -200,6 +200,10 @@ def train(
         save_tokenizer(tokenizer, out)
     if cfg.word_dropout and not isinstance(tokenizer, Tokenizer):
         raise ValueError("train.word_dropout needs aiayn's BPE tokenizer (its special ids), not a Marian model's")
+    if cfg.bpe_dropout:
+        if not isinstance(tokenizer, Tokenizer):
+            raise ValueError("train.bpe_dropout needs aiayn's BPE tokenizer (its merges), not a Marian model's")
+        objective.merge_parents = tokenizer.merge_parents()
     if run.data.phrase_tag and tokenizer.phrase_id is None:
         made = "made before it" if cfg.init is None else f"{cfg.init}'s; set data.phrase_tag false"
         raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or cfg.init} has no <phrase> token ({made})")
@@ -271,6 +275,7 @@ def train(
     if "precision" in state:  # a resumed run keeps the precision it started with
         precision = Precision(state["precision"], "as the run it resumes")
     else:
+
         def probe() -> tuple[float, float]:
             chosen = first[:PROBE_BATCHES]
             batches = [objective.collate([train_examples[i] for i in b], model_config, 0) for b in chosen]
@@ -299,11 +304,15 @@ def train(
     bar = progress_bar(total=cfg.max_steps, initial=step, disable=not (progress and d.main), desc="train", unit="step")
     model.train()
 
+    def clock() -> float:
+        """This process's seconds of training so far, the resumed run's before it included."""
+        return elapsed_before + time.perf_counter() - start
+
     def seconds_spent() -> float:
         """Seconds of training so far. With ``max_time``, under several processes, their mean:
         every process then stops at the same step (none waits on the others forever) and takes
         the same cooldown rate."""
-        seconds = elapsed_before + time.perf_counter() - start
+        seconds = clock()
         if cfg.max_time is None or d.world == 1:
             return seconds
         return all_reduce_sum(torch.tensor(seconds, dtype=torch.float64), d).item() / d.world
@@ -329,7 +338,7 @@ def train(
         return max(spent)
 
     def checkpoint_now() -> Path:
-        state["elapsed"] = elapsed_before + time.perf_counter() - start
+        state["elapsed"] = clock()
         return save_checkpoint(out, model, tokenizer, optimizer, dict(state, run=run.to_dict()), cfg.keep_checkpoints)
 
     while (reason := stop_reason(seconds := seconds_spent())) is None:
@@ -373,7 +382,7 @@ def train(
                 {
                     "kind": "train", "step": step, "epoch": epoch, "loss": train_loss, "lr": lr,
                     "tokens": int(positions), "tokens_per_s": round(positions / step_seconds, 1),
-                    "elapsed": round(elapsed_before + time.perf_counter() - start, 3),
+                    "elapsed": round(clock(), 3),
                 }
             )  # fmt: skip
         # no refresh: update draws it when due, not every step into a log file (progress.py)
@@ -387,7 +396,7 @@ def train(
         if dev_sources and cfg.bleu_every is not None and step % cfg.bleu_every == 0 and d.main:
             scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references)
             model.train()
-            elapsed = round(elapsed_before + time.perf_counter() - start, 3)
+            elapsed = round(clock(), 3)
             record = {"kind": "dev_bleu", "step": step, "bleu": scores.bleu, "chrf": scores.chrf, "elapsed": elapsed}
             metrics.log(record)
             bar.write(f"step {step}: dev {scores} after {elapsed / 60:.1f} min")
