@@ -11,7 +11,7 @@ from aiayn import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 from aiayn.data.batching import collate
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.train.config import TrainConfig
-from aiayn.train.objectives import CausalLM, MaskedLM, Translation, bpe_dropout, drop_words, mask_tokens, objective_for
+from aiayn.train.objectives import CausalLM, MaskedLM, Translation, drop_words, mask_tokens, objective_for, split_merges
 from aiayn.train.trainer import evaluate_loss
 
 PAD, BOS, EOS, UNK, MASK, PHRASE = 0, 1, 2, 3, 4, 5
@@ -239,7 +239,7 @@ def test_bpe_dropout_draws_each_segmentation_with_its_probability(p):
     against those (5 standard deviations), and token 12's mean length against the recursion
     E n(t) = (1 - p) + p (E n(left) + E n(right))."""
     rng, n = random.Random(0), 20_000
-    counts = Counter(tuple(bpe_dropout([11], p, TREE, rng)) for _ in range(n))
+    counts = Counter(tuple(split_merges([11], p, TREE, rng)) for _ in range(n))
     expected = {(11,): 1 - p, (10, 8): p * (1 - p), (6, 7, 8): p * p}
     assert set(counts) == set(expected)
     for outcome, q in expected.items():
@@ -250,7 +250,7 @@ def test_bpe_dropout_draws_each_segmentation_with_its_probability(p):
             return 1.0
         return (1 - p) + p * (mean_length(TREE[t][0]) + mean_length(TREE[t][1]))
 
-    lengths = [len(bpe_dropout([12], p, TREE, rng)) for _ in range(n)]
+    lengths = [len(split_merges([12], p, TREE, rng)) for _ in range(n)]
     mean = sum(lengths) / n
     sd = (sum((x - mean) ** 2 for x in lengths) / n) ** 0.5
     assert abs(mean - mean_length(12)) < 5 * sd / n**0.5
@@ -264,25 +264,32 @@ def test_bpe_dropout_keeps_the_text_and_is_repeatable(tokenizer):
     texts = ["Das ist ein rotes Haus.", "Ein kleines Haus ist groß.", "Das Haus ist gut, das rote nicht."]
     for text in texts:
         ids = tokenizer.encode(text)
-        assert bpe_dropout(ids, 0.0, parents, random.Random(0)) == ids
-        split = [bpe_dropout(ids, 0.3, parents, random.Random(seed)) for seed in range(20)]
+        assert split_merges(ids, 0.0, parents, random.Random(0)) == ids
+        split = [split_merges(ids, 0.3, parents, random.Random(seed)) for seed in range(20)]
         assert all(tokenizer.decode(s) == text for s in split)
         assert sum(map(len, split)) > 20 * len(ids)
-        assert bpe_dropout(ids, 0.3, parents, random.Random(3)) == split[3]
+        assert split_merges(ids, 0.3, parents, random.Random(3)) == split[3]
         assert len({tuple(s) for s in split}) > 1
     kept = [PAD, BOS, EOS, UNK, MASK, PHRASE, tokenizer.hf.token_to_id("a")]
-    assert bpe_dropout(kept, 0.9, parents, random.Random(0)) == kept
+    assert split_merges(kept, 0.9, parents, random.Random(0)) == kept
+    ids = tokenizer.encode(texts[2])
+    for max_len in (len(ids) - 1, len(ids), len(ids) + 3):  # splits stop at max_len tokens
+        capped = [split_merges(ids, 0.9, parents, random.Random(seed), max_len) for seed in range(20)]
+        assert all(len(c) == max(len(ids), max_len) and tokenizer.decode(c) == texts[2] for c in capped)
 
 
 @pytest.mark.parametrize("task", ["translation", "lm"])
 def test_bpe_dropout_splits_training_batches_on_both_sides_consistently(task, tokenizer):
-    """With train=True, each side is split (the batch is longer), the decoder input is the target
-    shifted (the loss scores the split target), the texts are unchanged; evaluation batches
-    (train=False) are the plain ones."""
+    """With train=True, each side is split (the batch is longer) and spells the same texts, the
+    same seed draws the same splits and another seed others, and the decoder input stays the
+    target shifted; evaluation batches (train=False) are the plain ones; an objective never given
+    the tokenizer's merges refuses rather than skip the splits."""
     config, p = ModelConfig.tiny(tokenizer.vocab_size), 0.3
     sentences = ["Das ist ein rotes Haus.", "Ein kleines Haus ist groß.", "Das Haus ist gut."] * 4
     objective = objective_for(TrainConfig(task=task, bpe_dropout=p, max_steps=1))
     assert objective.bpe_dropout == p
+    with pytest.raises(ValueError, match="merge_parents"):  # never a silent no-op
+        objective.collate([tokenizer.encode(sentences[0])] * 2 if task == "lm" else [([6], [7])], config, 1, True)
     objective.merge_parents = tokenizer.merge_parents()
 
     def text(row):
@@ -299,6 +306,9 @@ def test_bpe_dropout_splits_training_batches_on_both_sides_consistently(task, to
             assert batch.tgt_in[i, 0] == BOS and torch.equal(batch.tgt_in[i, 1:length], batch.tgt_out[i, : length - 1])
         evaluation = objective.collate(pairs, config, seed=1)
         assert torch.equal(evaluation.src, plain.src) and torch.equal(evaluation.tgt_out, plain.tgt_out)
+        again, other = (objective.collate(pairs, config, seed=seed, train=True) for seed in (1, 2))
+        assert torch.equal(again.src, batch.src) and torch.equal(again.tgt_out, batch.tgt_out)
+        assert not (torch.equal(other.src, batch.src) and torch.equal(other.tgt_out, batch.tgt_out))
     else:
         texts = [tokenizer.encode(s) for s in sentences]
         plain = CausalLM().collate(texts, config, seed=0)
@@ -309,6 +319,8 @@ def test_bpe_dropout_splits_training_batches_on_both_sides_consistently(task, to
             length = int((batch.targets[i] != PAD).sum())
             assert torch.equal(batch.inputs[i, 1:length], batch.targets[i, : length - 1])
         assert torch.equal(objective.collate(texts, config, seed=1).inputs, plain.inputs)
+        assert torch.equal(objective.collate(texts, config, seed=1, train=True).inputs, batch.inputs)
+        assert not torch.equal(objective.collate(texts, config, seed=2, train=True).inputs, batch.inputs)
 
 
 def test_bpe_dropout_is_validated():

@@ -102,7 +102,7 @@ class Tokenizer:
         merges = json.loads(self.hf.to_str())["model"]["merges"]
         parents: dict[int, tuple[int, int]] = {}
         for merge in merges:
-            left, right = merge.split(" ", 1) if isinstance(merge, str) else merge  # older files: "a b"
+            left, right = merge.split(" ", 1) if isinstance(merge, str) else merge  # tokenizers < 0.20: "a b"
             ids = self.hf.token_to_id(left), self.hf.token_to_id(right), self.hf.token_to_id(left + right)
             if None in ids:
                 raise ValueError(f"tokenizer: the merge {left!r} + {right!r} names a token not in the vocabulary")

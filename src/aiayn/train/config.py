@@ -105,11 +105,11 @@ class TrainConfig:
     ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
     the loss scores are untouched.
 
-    ``bpe_dropout`` (not in the paper; Provilkov et al., 2020, for low-resource NMT): in training
-    batches each BPE merge of a source or target token is undone with this probability
-    (``objectives.bpe_dropout``), so a word comes in several segmentations; evaluation and
-    translation segment as usual. Batches grow by about this fraction of their merged tokens
-    over ``max_tokens``.
+    ``bpe_dropout`` (not in the paper; after Provilkov et al., 2020, for low-resource NMT): in
+    training batches each source and target token is split top down through its BPE merge tree,
+    each split with this probability (``objectives.split_merges``), so a word comes in several
+    segmentations; evaluation and translation segment as usual. Batches grow past
+    ``max_tokens``: by 0.116 tokens per merged token at 0.1.
 
     ``init`` (fine-tuning): start from the model directory ``init``, its config, weights and
     tokenizer (an aiayn model, or an OPUS-MT model converted by ``aiayn convert marian``), not
@@ -141,7 +141,7 @@ class TrainConfig:
     adam_eps: float = 1e-9
     eps_ls: float = 0.1
     word_dropout: float = 0.0  # each input token replaced by <unk> with this probability (training only)
-    bpe_dropout: float = 0.0  # each BPE merge of a training token undone with this probability
+    bpe_dropout: float = 0.0  # each training token split through its BPE merges, each split with this probability
     clip_norm: float | None = None
     max_steps: int | None = None
     max_epochs: int | None = None

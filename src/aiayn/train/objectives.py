@@ -20,6 +20,7 @@ Legend: B sequences in a batch, L sequence length, N scored positions, V vocabul
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,7 +36,7 @@ from .data import load_split, load_texts
 from .loss import label_smoothed_loss
 
 __all__ = [
-    "Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens", "drop_words", "bpe_dropout",
+    "Objective", "Translation", "CausalLM", "MaskedLM", "objective_for", "mask_tokens", "drop_words", "split_merges",
 ]  # fmt: skip
 
 Log = Callable[[str], None]
@@ -47,6 +48,17 @@ class Objective:
     task: str
     unit: str
     model_class: type[nn.Module]
+
+    def __init__(self, word_dropout: float = 0.0, bpe_dropout: float = 0.0) -> None:
+        self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
+        self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: Tokenizer.merge_parents()
+
+    def split_merges(self, sequences: list[list[int]], config: ModelConfig, rng: random.Random) -> list[list[int]]:
+        """``sequences`` under BPE-dropout (``split_merges``, the function), each at most
+        ``config.max_len - 1`` tokens long (room for BOS or EOS; learned positions end there)."""
+        if not self.merge_parents:
+            raise ValueError("train.bpe_dropout: set the objective's merge_parents (Tokenizer.merge_parents()) first")
+        return [split_merges(x, self.bpe_dropout, self.merge_parents, rng, config.max_len - 1) for x in sequences]
 
     def load(self, data: DataConfig, split: str, log: Log, seed: int, required: bool) -> list[Any]:
         """The raw examples (strings) of a split."""
@@ -66,7 +78,7 @@ class Objective:
 
     def collate(self, examples: list[Any], config: ModelConfig, seed: int, train: bool = False) -> Batch | TextBatch:
         """A padded batch; ``seed`` fixes any randomness in it (the masked LM's choice of tokens;
-        with ``train``, word dropout)."""
+        with ``train``, word dropout and BPE-dropout)."""
         raise NotImplementedError
 
     def loss(
@@ -85,10 +97,6 @@ class Translation(Objective):
     """§5: source -> target, label-smoothed cross-entropy at every target token."""
 
     task, unit, model_class = "translation", "pairs", Transformer
-
-    def __init__(self, word_dropout: float = 0.0, bpe_dropout: float = 0.0) -> None:
-        self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
-        self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: the tokenizer's merges
 
     def load(self, data: DataConfig, split: str, log: Log, seed: int, required: bool) -> list[tuple[str, str]]:
         return load_split(data, split, log, seed=seed, required=required)
@@ -112,8 +120,8 @@ class Translation(Objective):
     ) -> Batch:
         if train and self.bpe_dropout:  # both sides; the target's split is also what the loss scores
             rng = random.Random(seed)
-            drop = self.bpe_dropout, self.merge_parents, rng
-            examples = [(bpe_dropout(s, *drop), bpe_dropout(t, *drop)) for s, t in examples]
+            split = self.split_merges([x for pair in examples for x in pair], config, rng)
+            examples = list(zip(split[::2], split[1::2], strict=True))
         batch = collate(examples, config.pad_id, config.bos_id, config.eos_id)
         if train and self.word_dropout:
             generator = torch.Generator().manual_seed(seed)
@@ -164,14 +172,9 @@ class CausalLM(_Monolingual):
 
     task, model_class = "lm", DecoderOnly
 
-    def __init__(self, word_dropout: float = 0.0, bpe_dropout: float = 0.0) -> None:
-        self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
-        self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: the tokenizer's merges
-
     def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
         if train and self.bpe_dropout:
-            rng = random.Random(seed)
-            examples = [bpe_dropout(x, self.bpe_dropout, self.merge_parents, rng) for x in examples]
+            examples = self.split_merges(examples, config, random.Random(seed))
         inputs = collate_text([[config.bos_id, *x] for x in examples], config.pad_id)  # (B, L)
         targets = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
         if train and self.word_dropout:
@@ -187,6 +190,7 @@ class MaskedLM(_Monolingual):
     task, model_class = "mlm", EncoderOnly
 
     def __init__(self, mask_prob: float = 0.15) -> None:
+        super().__init__()
         self.mask_prob = mask_prob
 
     def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
@@ -250,19 +254,25 @@ def drop_words(
     return tokens.masked_fill(dropped, unk_id)
 
 
-def bpe_dropout(ids: list[int], p: float, parents: dict[int, tuple[int, int]], rng: random.Random) -> list[int]:
+def split_merges(
+    ids: list[int], p: float, parents: dict[int, tuple[int, int]], rng: random.Random, max_len: int | None = None
+) -> list[int]:
     """BPE-dropout (Provilkov et al., 2020, "BPE-Dropout: Simple and Effective Subword
-    Regularization"; not in the paper): each merge that built a token is undone with probability
-    ``p``, so the model sees a word in several segmentations and learns its pieces. Provilkov et
-    al. skip each merge with probability ``p`` while segmenting; here the merges undone are those
-    of the token's own merge tree (``parents``: merged id -> the two ids it joined, from
-    ``Tokenizer.merge_parents``), top down: a token is split with probability ``p`` into its two
-    parts, each part again with probability ``p``, and so on down to bytes. The text is unchanged
-    (the parts spell the token), ``p = 0`` changes nothing, it costs no second tokenization, and
-    ``rng`` (seeded by the batch's position) makes it repeatable, so a resumed run draws the same
-    splits. Sequences grow: about ``p`` more tokens
-    per merged token.
+    Regularization"; not in the paper), on each token's own merge tree: a token is split with
+    probability ``p`` into the two tokens its merge joined (``parents``: merged id -> the two ids,
+    from ``Tokenizer.merge_parents``), each part again with probability ``p``, and so on down to
+    bytes; a merge at depth d of the tree is so undone with probability p^(d+1). Provilkov et al.
+    skip each merge with probability ``p`` while segmenting, which also lets other merges take
+    its place; this approximation costs no second tokenization and is seeded: ``rng`` (seeded by
+    the batch's position) makes it repeatable, so a resumed run draws the same splits. At p 0.1
+    it adds 0.116 tokens per merged token on Ding, the exact method (``tokenizers``' unseeded BPE
+    ``dropout``) 0.125; at 0.3, 0.40 against 0.55.
+
+    The text is unchanged (the parts spell the token) and ``p = 0`` changes nothing. With
+    ``max_len``, splitting stops once the sequence holds ``max_len`` tokens (a longer input is
+    left as it is).
     """
+    room = math.inf if max_len is None else max_len - len(ids)  # splits left: each adds a token
     out: list[int] = []
     stack: list[int] = []
     for token in ids:
@@ -270,8 +280,9 @@ def bpe_dropout(ids: list[int], p: float, parents: dict[int, tuple[int, int]], r
         while stack:
             t = stack.pop()
             pair = parents.get(t)
-            if pair is not None and rng.random() < p:
+            if pair is not None and room > 0 and rng.random() < p:
                 stack += (pair[1], pair[0])  # the left part next
+                room -= 1
             else:
                 out.append(t)
     return out
