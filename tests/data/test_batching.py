@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.data.batching import ResampledBatcher, TokenBatcher, collate, padding_fraction
+from aiayn.data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, collate, padding_fraction
 
 
 def random_lengths(n: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -112,3 +112,29 @@ def test_for_evaluation_an_example_longer_than_max_tokens_gets_a_batch_of_its_ow
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
     assert [1] in batches and [3] in batches
     assert all(len(b) * max(max(lengths[i]) for i in b) <= 20 for b in batches if b not in ([1], [3]))
+
+
+def test_remade_batcher_batches_each_epochs_remade_examples_as_token_batcher_does():
+    """Each epoch's examples are remade (here: every one lengthened by a per-epoch amount) and
+    batched exactly as ``TokenBatcher`` batches the remade lengths; every member once per epoch;
+    ``examples(epoch)`` what the batches index, also for the epoch before (a step may straddle)."""
+    examples = [[7] * (1 + i % 9) for i in range(50)]
+
+    def remake(chosen, epoch):
+        return [x + [8] * ((epoch + len(x)) % 4) for x in chosen]
+
+    def lengths(chosen):
+        return [(len(x) + 1, len(x) + 1) for x in chosen]
+
+    members = [i for i in range(50) if i % 5]  # some examples left out, as a draw leaves them
+    batcher = RemadeBatcher(examples, lambda epoch: members, remake, lengths, max_tokens=24, seed=3)
+    for epoch in (0, 1, 2):
+        remade = remake([examples[i] for i in members], epoch)
+        expected = TokenBatcher(lengths(remade), 24, seed=3).epoch(epoch)
+        assert batcher.epoch(epoch) == [[members[i] for i in batch] for batch in expected]
+        assert batcher.examples(epoch) == dict(zip(members, remade, strict=True))
+        assert sorted(i for batch in batcher.epoch(epoch) for i in batch) == members
+        for batch in batcher.epoch(epoch):
+            assert len(batch) * max(len(batcher.examples(epoch)[i]) + 1 for i in batch) <= 24
+    assert batcher.examples(1) == dict(zip(members, remake([examples[i] for i in members], 1), strict=True))
+    assert batcher.epoch(0) != batcher.epoch(1)

@@ -279,48 +279,40 @@ def test_bpe_dropout_keeps_the_text_and_is_repeatable(tokenizer):
 
 
 @pytest.mark.parametrize("task", ["translation", "lm"])
-def test_bpe_dropout_splits_training_batches_on_both_sides_consistently(task, tokenizer):
-    """With train=True, each side is split (the batch is longer) and spells the same texts, the
-    same seed draws the same splits and another seed others, and the decoder input stays the
-    target shifted; evaluation batches (train=False) are the plain ones; an objective never given
-    the tokenizer's merges refuses rather than skip the splits."""
+def test_split_examples_splits_every_sequence_and_collate_does_not(task, tokenizer):
+    """``split_examples`` splits each sequence (both sides of a pair) so that it spells the same
+    text, the same seed the same way and another seed otherwise, no sequence past ``max_len - 1``;
+    ``collate`` leaves examples as they come, train or not (the trainer splits whole epochs
+    before batching them); an objective never given the tokenizer's merges refuses rather than
+    skip the splits."""
     config, p = ModelConfig.tiny(tokenizer.vocab_size), 0.3
     sentences = ["Das ist ein rotes Haus.", "Ein kleines Haus ist groß.", "Das Haus ist gut."] * 4
     objective = objective_for(TrainConfig(task=task, bpe_dropout=p, max_steps=1))
     assert objective.bpe_dropout == p
-    with pytest.raises(ValueError, match="merge_parents"):  # never a silent no-op
-        objective.collate([tokenizer.encode(sentences[0])] * 2 if task == "lm" else [([6], [7])], config, 1, True)
-    objective.merge_parents = tokenizer.merge_parents()
-
-    def text(row):
-        return tokenizer.decode([i for i in row.tolist() if i > EOS])
-
     if task == "translation":
-        pairs = [(tokenizer.encode(s), tokenizer.encode(s[::-1])) for s in sentences]
-        plain = collate(pairs, PAD, BOS, EOS)
-        batch = objective.collate(pairs, config, seed=1, train=True)
-        assert batch.src.shape[1] > plain.src.shape[1] and batch.tgt_out.shape[1] > plain.tgt_out.shape[1]
-        for i, (s, t) in enumerate(zip(sentences, (s[::-1] for s in sentences), strict=True)):
-            assert text(batch.src[i]) == s and text(batch.tgt_out[i]) == t
-            length = int((batch.tgt_out[i] != PAD).sum())
-            assert batch.tgt_in[i, 0] == BOS and torch.equal(batch.tgt_in[i, 1:length], batch.tgt_out[i, : length - 1])
-        evaluation = objective.collate(pairs, config, seed=1)
-        assert torch.equal(evaluation.src, plain.src) and torch.equal(evaluation.tgt_out, plain.tgt_out)
-        again, other = (objective.collate(pairs, config, seed=seed, train=True) for seed in (1, 2))
-        assert torch.equal(again.src, batch.src) and torch.equal(again.tgt_out, batch.tgt_out)
-        assert not (torch.equal(other.src, batch.src) and torch.equal(other.tgt_out, batch.tgt_out))
+        examples = [(tokenizer.encode(s), tokenizer.encode(s[::-1])) for s in sentences]
+        texts = [(s, s[::-1]) for s in sentences]
     else:
-        texts = [tokenizer.encode(s) for s in sentences]
-        plain = CausalLM().collate(texts, config, seed=0)
-        batch = objective.collate(texts, config, seed=1, train=True)
-        assert batch.inputs.shape[1] > plain.inputs.shape[1]
-        for i, s in enumerate(sentences):
-            assert text(batch.targets[i]) == s
-            length = int((batch.targets[i] != PAD).sum())
-            assert torch.equal(batch.inputs[i, 1:length], batch.targets[i, : length - 1])
-        assert torch.equal(objective.collate(texts, config, seed=1).inputs, plain.inputs)
-        assert torch.equal(objective.collate(texts, config, seed=1, train=True).inputs, batch.inputs)
-        assert not torch.equal(objective.collate(texts, config, seed=2, train=True).inputs, batch.inputs)
+        examples, texts = [tokenizer.encode(s) for s in sentences], [(s,) for s in sentences]
+
+    def sides(example):
+        return example if task == "translation" else (example,)
+
+    with pytest.raises(ValueError, match="merge_parents"):  # never a silent no-op
+        objective.split_examples(examples, 64, random.Random(0))
+    objective.merge_parents = tokenizer.merge_parents()
+    split = objective.split_examples(examples, 64, random.Random(1))
+    assert [tuple(tokenizer.decode(x) for x in sides(e)) for e in split] == texts
+    for side in range(len(texts[0])):
+        assert sum(len(sides(e)[side]) for e in split) > sum(len(sides(e)[side]) for e in examples)
+    assert objective.split_examples(examples, 64, random.Random(1)) == split
+    assert objective.split_examples(examples, 64, random.Random(2)) != split
+    longest = max(len(x) for e in examples for x in sides(e))
+    capped = objective.split_examples(examples, longest + 2, random.Random(1))
+    assert max(len(x) for e in capped for x in sides(e)) == longest + 1
+    trained, plain = objective.collate(split, config, seed=1, train=True), objective.collate(split, config, seed=1)
+    for name in ("src", "tgt_in", "tgt_out") if task == "translation" else ("inputs", "targets"):
+        assert torch.equal(getattr(trained, name), getattr(plain, name))
 
 
 def test_bpe_dropout_is_validated():

@@ -181,33 +181,54 @@ def test_word_dropout_applies_to_training_batches_only(tmp_path, corpus, monkeyp
 # train.bpe_dropout --------------------------------------------------------------------------------
 
 
-def test_bpe_dropout_splits_training_batches_only_and_repeats_run_to_run(tmp_path, corpus, monkeypatch):
-    """Training batches hold more tokens than their examples and spell the same texts on both
-    sides; dev batches are the examples as encoded; a second run draws the same splits (its
-    losses equal the first's bit for bit)."""
-    config = write_config(tmp_path, corpus, max_steps=4, checkpoint_every=None, eval_every=2, amp=False)
+def test_bpe_dropout_batches_each_epochs_split_examples_by_their_lengths(tmp_path, corpus, monkeypatch):
+    """The training batches hold the corpus's sentence pairs, split: more tokens than their plain
+    encodings, a sentence in other segmentations in other epochs, and each batch within
+    ``max_tokens`` by its split lengths (batched after the split, not before); dev batches hold
+    the plain encodings."""
+    max_tokens = 160
+    config = write_config(tmp_path, corpus, max_steps=24, checkpoint_every=None, eval_every=12, amp=False)
     run = RunConfig.from_yaml(config, parse_overrides(["--train.bpe_dropout", "0.3"]))
     calls = record_collates(monkeypatch)
-    train(run, tmp_path / "run", **QUIET)
+    result = train(run, tmp_path / "run", **QUIET)
+    assert result.epoch >= 2
     tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
-
-    def texts(rows):
-        return [tokenizer.decode([i for i in row.tolist() if i > 2]) for row in rows]
-
+    pairs = set(zip((corpus / "train.de").read_text().splitlines(), (corpus / "train.en").read_text().splitlines(),
+                    strict=True))  # fmt: skip
     training = [(examples, batch) for examples, phase, batch in calls if phase == "train"]
-    dev = [(examples, batch) for examples, phase, batch in calls if phase == "dev"]
-    assert len(training) == 4 and dev
-    grown = 0
+    assert len(training) == 24
+    split = plain = 0
+    segmentations: dict[tuple[str, str], set] = {}
     for examples, batch in training:
-        assert texts(batch.src) == [tokenizer.decode(s) for s, _ in examples]
-        assert texts(batch.tgt_out) == [tokenizer.decode(t) for _, t in examples]
-        grown += int((batch.src != 0).sum()) - sum(len(s) + 1 for s, _ in examples)
-    assert grown > 0
-    for examples, batch in dev:
-        assert [row[row != 0].tolist()[:-1] for row in batch.src] == [s for s, _ in examples]
-    again = tmp_path / "again"
-    train(run, again, **QUIET)
-    assert losses(again) == losses(tmp_path / "run")
+        assert batch.src.numel() <= max_tokens and batch.tgt_in.numel() <= max_tokens
+        for s, t in examples:
+            pair = tokenizer.decode(s), tokenizer.decode(t)
+            assert pair in pairs
+            segmentations.setdefault(pair, set()).add((tuple(s), tuple(t)))
+            split += len(s) + len(t)
+            plain += len(tokenizer.encode(pair[0])) + len(tokenizer.encode(pair[1]))
+    assert split > plain
+    assert any(len(seen) > 1 for seen in segmentations.values())
+    dev = [examples for examples, phase, _ in calls if phase == "dev"]
+    assert dev
+    for examples in dev:
+        de = [tokenizer.decode(s) for s, _ in examples]
+        assert [s for s, _ in examples] == [tokenizer.encode(text) for text in de]
+
+
+def test_bpe_dropout_with_resampled_phrases_resumes_exactly(tmp_path, corpus):
+    """Stopped at step 5 and resumed, a run with BPE-dropout, a fresh draw of phrase pairs each
+    epoch and two batches a step logs the uninterrupted run's losses, step for step."""
+    write_entries(corpus)
+    config = write_config(tmp_path, corpus, max_steps=10, checkpoint_every=None, eval_every=100, amp=False)
+    levers = ["--train.bpe_dropout", "0.3", "--train.accumulate", "2",
+              "--data.phrases", "1.0", "--data.resample_phrases", "true"]  # fmt: skip
+    full = RunConfig.from_yaml(config, parse_overrides(levers))
+    assert train(full, tmp_path / "full", **QUIET).epoch >= 2
+    first = RunConfig.from_yaml(config, parse_overrides([*levers, "--train.max_steps", "5"]))
+    train(first, tmp_path / "parts", **QUIET)
+    train(full, tmp_path / "parts", resume=True, **QUIET)
+    assert losses(tmp_path / "parts") == losses(tmp_path / "full")
 
 
 # train.amp ------------------------------------------------------------------------------------------

@@ -16,13 +16,17 @@ of a monolingual sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "ResampledBatcher", "TextBatch", "TokenBatcher", "collate", "collate_text", "padding_fraction"]
+__all__ = [
+    "Batch", "ResampledBatcher", "TextBatch", "TokenBatcher", "RemadeBatcher", "collate", "collate_text",
+    "padding_fraction",
+]  # fmt: skip
 
 
 @dataclass
@@ -188,6 +192,48 @@ class ResampledBatcher:
             batcher = TokenBatcher([self.lengths[i] for i in members], self.max_tokens, self.seed)
             self._cached = epoch, [[members[i] for i in batch] for batch in batcher.epoch(epoch)]
         return self._cached[1]
+
+
+class RemadeBatcher:
+    """Token batches of examples remade each epoch (BPE-dropout's fresh segmentations), batched
+    by the lengths they then have: batched by their old lengths, BPE-dropout 0.1 padded 21.6% of
+    the positions of Ding's batches, against 4.9% without it.
+
+    ``members(epoch)``: the indices of the epoch's examples (every one, or a ResampledBatcher's
+    draw); ``remake(examples, epoch)``: those examples remade, a function of the epoch alone (a
+    resumed run remakes the same); ``lengths(examples)``: their (source, target) positions.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Any],
+        members: Callable[[int], list[int]],
+        remake: Callable[[list[Any], int], list[Any]],
+        lengths: Callable[[list[Any]], list[tuple[int, int]]],
+        max_tokens: int,
+        seed: int = 0,
+    ):
+        self.source, self.members, self.remake, self.lengths = examples, members, remake, lengths
+        self.max_tokens, self.seed = max_tokens, seed
+        self._epochs: dict[int, tuple[dict[int, Any], list[list[int]]]] = {}  # the last two epochs
+
+    def _make(self, epoch: int) -> tuple[dict[int, Any], list[list[int]]]:
+        if epoch not in self._epochs:
+            members = self.members(epoch)
+            remade = self.remake([self.source[i] for i in members], epoch)
+            batcher = TokenBatcher(self.lengths(remade), self.max_tokens, self.seed)
+            batches = [[members[i] for i in batch] for batch in batcher.epoch(epoch)]
+            self._epochs = {e: v for e, v in self._epochs.items() if e == epoch - 1}  # a step may straddle two
+            self._epochs[epoch] = dict(zip(members, remade, strict=True)), batches
+        return self._epochs[epoch]
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        """The batches (lists of example indices) of ``epoch``, in that epoch's order."""
+        return self._make(epoch)[1]
+
+    def examples(self, epoch: int) -> dict[int, Any]:
+        """The remade examples of ``epoch``, by index: what its batches hold."""
+        return self._make(epoch)[0]
 
 
 def padding_fraction(lengths: Sequence[tuple[int, int]], batches: Sequence[Sequence[int]]) -> float:

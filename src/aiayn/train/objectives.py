@@ -53,12 +53,16 @@ class Objective:
         self.word_dropout, self.bpe_dropout = word_dropout, bpe_dropout
         self.merge_parents: dict[int, tuple[int, int]] = {}  # for bpe_dropout: Tokenizer.merge_parents()
 
-    def split_merges(self, sequences: list[list[int]], config: ModelConfig, rng: random.Random) -> list[list[int]]:
-        """``sequences`` under BPE-dropout (``split_merges``, the function), each at most
-        ``config.max_len - 1`` tokens long (room for BOS or EOS; learned positions end there)."""
+    def split_examples(self, examples: list[Any], max_len: int, rng: random.Random) -> list[Any]:
+        """Training examples under BPE-dropout (``split_merges``), every sequence of them (both
+        sides of a pair), each at most ``max_len - 1`` tokens long as ``encode`` keeps them. The
+        trainer remakes each epoch's examples so (``batching.RemadeBatcher``)."""
         if not self.merge_parents:
             raise ValueError("train.bpe_dropout: set the objective's merge_parents (Tokenizer.merge_parents()) first")
-        return [split_merges(x, self.bpe_dropout, self.merge_parents, rng, config.max_len - 1) for x in sequences]
+        return [self._split(x, max_len, rng) for x in examples]
+
+    def _split(self, example: Any, max_len: int, rng: random.Random) -> Any:
+        return split_merges(example, self.bpe_dropout, self.merge_parents, rng, max_len - 1)
 
     def load(self, data: DataConfig, split: str, log: Log, seed: int, required: bool) -> list[Any]:
         """The raw examples (strings) of a split."""
@@ -78,7 +82,7 @@ class Objective:
 
     def collate(self, examples: list[Any], config: ModelConfig, seed: int, train: bool = False) -> Batch | TextBatch:
         """A padded batch; ``seed`` fixes any randomness in it (the masked LM's choice of tokens;
-        with ``train``, word dropout and BPE-dropout)."""
+        with ``train``, word dropout)."""
         raise NotImplementedError
 
     def loss(
@@ -115,13 +119,12 @@ class Translation(Objective):
     def lengths(self, examples: list[tuple[list[int], list[int]]]) -> list[tuple[int, int]]:
         return [(len(s) + 1, len(t) + 1) for s, t in examples]
 
+    def _split(self, example: tuple[list[int], list[int]], max_len: int, rng: random.Random) -> Any:
+        return super()._split(example[0], max_len, rng), super()._split(example[1], max_len, rng)  # both sides
+
     def collate(
         self, examples: list[tuple[list[int], list[int]]], config: ModelConfig, seed: int, train: bool = False
     ) -> Batch:
-        if train and self.bpe_dropout:  # both sides; the target's split is also what the loss scores
-            rng = random.Random(seed)
-            split = self.split_merges([x for pair in examples for x in pair], config, rng)
-            examples = list(zip(split[::2], split[1::2], strict=True))
         batch = collate(examples, config.pad_id, config.bos_id, config.eos_id)
         if train and self.word_dropout:
             generator = torch.Generator().manual_seed(seed)
@@ -173,8 +176,6 @@ class CausalLM(_Monolingual):
     task, model_class = "lm", DecoderOnly
 
     def collate(self, examples: list[list[int]], config: ModelConfig, seed: int, train: bool = False) -> TextBatch:
-        if train and self.bpe_dropout:
-            examples = self.split_merges(examples, config, random.Random(seed))
         inputs = collate_text([[config.bos_id, *x] for x in examples], config.pad_id)  # (B, L)
         targets = collate_text([[*x, config.eos_id] for x in examples], config.pad_id)  # (B, L)
         if train and self.word_dropout:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..data.batching import ResampledBatcher, TokenBatcher, padding_fraction
+from ..data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, padding_fraction
 from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import translate_ids
 from ..engine import prepare
@@ -102,7 +102,7 @@ def _is_json(line: str) -> bool:
 
 
 def _positions(
-    batcher: TokenBatcher | ResampledBatcher, epoch: int, index: int
+    batcher: TokenBatcher | ResampledBatcher | RemadeBatcher, epoch: int, index: int
 ) -> Iterator[tuple[int, int, int, list[int]]]:
     """(epoch, index, batches in that epoch, batch) from a position on, across epochs."""
     while True:
@@ -216,7 +216,7 @@ def train(
     dev_sources = [s for s, _ in dev_raw][: run.data.dev_size] if translation and dev_examples else []
     dev_references = [t for _, t in dev_raw][: run.data.dev_size] if translation else []
 
-    batcher: TokenBatcher | ResampledBatcher
+    batcher: TokenBatcher | ResampledBatcher | RemadeBatcher
     if pool_raw:
         tag = 1 if run.data.phrase_tag else 0  # the tag counts towards data.max_len
         pool_examples, pool_skipped = objective.encode(tokenizer, pool_raw, run.data.max_len - tag)
@@ -233,6 +233,16 @@ def train(
     else:
         lengths = objective.lengths(train_examples)
         batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    if cfg.bpe_dropout:  # each epoch's examples split afresh, then batched by the lengths they have
+        everyone = list(range(len(train_examples)))
+        members = batcher.members if isinstance(batcher, ResampledBatcher) else (lambda _: everyone)
+
+        def remake(examples: list[Any], epoch: int) -> list[Any]:
+            return objective.split_examples(examples, run.data.max_len, random.Random(cfg.seed * 1_000_003 + epoch))
+
+        batcher = RemadeBatcher(train_examples, members, remake, objective.lengths, cfg.max_tokens, cfg.seed)
+        remade = batcher.examples(0)
+        lengths = dict(zip(remade, objective.lengths(list(remade.values())), strict=True))
     first = batcher.epoch(0)
     say(
         f"batches: {len(first):,} in the first epoch, of <= {cfg.max_tokens} positions per side; "
@@ -337,6 +347,10 @@ def train(
             spent.append(seconds / cfg.max_time)
         return max(spent)
 
+    def examples_of(epoch: int) -> Any:
+        """The training examples the batches of ``epoch`` index (with bpe_dropout, that epoch's)."""
+        return batcher.examples(epoch) if isinstance(batcher, RemadeBatcher) else train_examples
+
     def checkpoint_now() -> Path:
         state["elapsed"] = clock()
         return save_checkpoint(out, model, tokenizer, optimizer, dict(state, run=run.to_dict()), cfg.keep_checkpoints)
@@ -347,8 +361,8 @@ def train(
         epoch, index, epoch_batches, _ = group[-1]
         state["epoch"], state["index"] = epoch, index + 1  # where the next step starts
         mine = [
-            objective.collate([train_examples[i] for i in indices], model_config, _batch_seed(cfg.seed, step, j), True)
-            for j, (*_, indices) in enumerate(group)
+            objective.collate([examples_of(e)[i] for i in indices], model_config, _batch_seed(cfg.seed, step, j), True)
+            for j, (e, *_, indices) in enumerate(group)
             if j % d.world == d.rank
         ]
         tokens = all_reduce_sum(torch.tensor(float(sum(b.num_tokens for b in mine))), d).item()
