@@ -105,11 +105,12 @@ class TrainConfig:
     ``<unk>`` with this probability, so that the model cannot lean on any one word; the targets
     the loss scores are untouched.
 
-    ``bpe_dropout`` (not in the paper; after Provilkov et al., 2020, for low-resource NMT): in
-    training batches each source and target token is split top down through its BPE merge tree,
-    each split with this probability (``objectives.split_merges``), so a word comes in several
-    segmentations; evaluation and translation segment as usual. Batches grow past
-    ``max_tokens``: by 0.116 tokens per merged token at 0.1.
+    ``bpe_dropout`` (not in the paper; after Provilkov et al., 2020, for low-resource NMT): each
+    epoch, each source and target token of the training examples is split top down through its
+    BPE merge tree, each split with this probability (``objectives.split_merges``), so a word
+    comes in several segmentations; the split examples are then batched within ``max_tokens``
+    (an epoch holds 0.116 more tokens per merged token at 0.1, so more batches). Evaluation and
+    translation segment as usual.
 
     ``init`` (fine-tuning): start from the model directory ``init``, its config, weights and
     tokenizer (an aiayn model, or an OPUS-MT model converted by ``aiayn convert marian``), not

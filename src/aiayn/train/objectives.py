@@ -264,8 +264,8 @@ def split_merges(
     from ``Tokenizer.merge_parents``), each part again with probability ``p``, and so on down to
     bytes; a merge at depth d of the tree is so undone with probability p^(d+1). Provilkov et al.
     skip each merge with probability ``p`` while segmenting, which also lets other merges take
-    its place; this approximation costs no second tokenization and is seeded: ``rng`` (seeded by
-    the batch's position) makes it repeatable, so a resumed run draws the same splits. At p 0.1
+    its place; this approximation costs no second tokenization and is seeded: ``rng`` (the
+    trainer seeds it by the epoch) makes it repeatable, so a resumed run draws the same splits. At p 0.1
     it adds 0.116 tokens per merged token on Ding, the exact method (``tokenizers``' unseeded BPE
     ``dropout``) 0.125; at 0.3, 0.40 against 0.55.
 
