@@ -378,6 +378,24 @@ def test_fine_tuning_starts_from_the_converted_model(converted, tmp_path):
     assert Transformer.from_pretrained(tmp_path / "tuned" / "model").config == tuned.config
 
 
+@pytest.mark.parametrize(("lever", "needs"), [("word_dropout", "its special ids"), ("bpe_dropout", "its merges")])
+def test_token_levers_refuse_a_marian_tokenizer(converted, tmp_path, capsys, lever, needs):
+    """word_dropout and bpe_dropout need aiayn's BPE: on a SentencePiece model they refuse, never a silent no-op."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.de").write_text("\n".join(SENTENCES) + "\n")
+        (data / f"{split}.en").write_text("\n".join(SENTENCES) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data:\n  dir: {data}\nmodel:\n  d_model: 512\ntrain:\n  max_tokens: 256\n")
+    args = ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--train.init", str(converted)]
+    assert main([*args, "--train.max_steps", "1", "--train.amp", "false", f"--train.{lever}", "0.1"]) == 1
+    err = capsys.readouterr().err
+    expected = f"aiayn train: error: train.{lever} needs aiayn's BPE tokenizer ({needs}), not a Marian model's"
+    assert err.strip().endswith(expected), err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any step
+
+
 # The other way: aiayn -> Marian --------------------------------------------------------------------
 
 
