@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, nargs="+", default=[128, 256, 512])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per precision and width")
     parser.add_argument("--block", type=int, default=5, help="steps per turn")
-    parser.add_argument("--vocab", type=int, default=4000)
+    parser.add_argument("--vocab", type=int, default=8000, help="joint BPE size (configs/ding.yaml's)")
     parser.add_argument("--max-tokens", type=int, default=1536)
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
