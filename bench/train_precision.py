@@ -3,9 +3,10 @@ model widths, in one run: what ``train.amp: auto`` decides between (``aiayn/trai
 
 Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` tokens, batches of
 <= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of N = 3 + 3 layers, d_ff = 4
-d_model, h = 4, P_drop 0.1, label smoothing 0.1, Adam; one training step = forward, backward and
-the update. The two precisions take their steps on the same batches, alternating in blocks of
-``--block`` steps after a warm-up, so that a slow spell of the machine falls on both. Tokens/s
+d_model, ``--heads`` heads (2, the preset's; 4 before it), P_drop 0.1, label smoothing 0.1, Adam;
+one training step = forward, backward and the update. The two precisions take their steps on the
+same batches, alternating in blocks of ``--block`` steps after a warm-up, so that a slow spell of
+the machine falls on both. Tokens/s
 counts non-pad source + target tokens; each precision's model FLOPs are stated as a fraction of
 its own matmul peak (fp32's, or bf16's, measured in the same run).
 
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=5, help="steps per turn")
     parser.add_argument("--vocab", type=int, default=8000, help="joint BPE size (configs/ding.yaml's)")
     parser.add_argument("--max-tokens", type=int, default=1536)
+    parser.add_argument("--heads", type=int, default=2, help="h, the heads (configs/ding.yaml's)")
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
         "--compare", choices=["precision", "adam", "compile"], default="precision",
@@ -82,7 +84,7 @@ def main() -> None:
     rows = []
     for d_model in args.d_model:
         config = ModelConfig(
-            vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=4, P_drop=0.1, norm_first=True
+            vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=args.heads, P_drop=0.1, norm_first=True
         )  # fmt: skip
         runs = {}
         variants = {"fp32": ("fp32", args.adam, False), "bf16": ("bf16", args.adam, False)}
