@@ -3,7 +3,7 @@ model widths, in one run: what ``train.amp: auto`` decides between (``aiayn/trai
 
 Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` tokens, batches of
 <= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of N = 3 + 3 layers, d_ff = 4
-d_model, ``--heads`` heads (2, the preset's; 4 before it), P_drop 0.1, label smoothing 0.1, Adam;
+d_model, ``--heads`` heads (the preset's 2; 4 before it), P_drop 0.1, label smoothing 0.1, Adam;
 one training step = forward, backward and the update. The two precisions take their steps on the
 same batches, alternating in blocks of ``--block`` steps after a warm-up, so that a slow spell of
 the machine falls on both. Tokens/s
@@ -32,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.data.batching import TokenBatcher
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.train.config import RunConfig
 from aiayn.train.objectives import Translation
 from aiayn.train.precision import Precision, native_bf16
 from common import bf16_peak, machine, matmul_peak, table, write_result
 
 DATA = Path(__file__).parent.parent / "data" / "ding"
+PRESET = RunConfig.from_yaml(Path(__file__).parent.parent / "configs" / "ding.yaml")
 
 
 def useful_flops(model: Transformer, batch) -> int:
@@ -64,9 +66,9 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, nargs="+", default=[128, 256, 512])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per precision and width")
     parser.add_argument("--block", type=int, default=5, help="steps per turn")
-    parser.add_argument("--vocab", type=int, default=8000, help="joint BPE size (configs/ding.yaml's)")
-    parser.add_argument("--max-tokens", type=int, default=1536)
-    parser.add_argument("--heads", type=int, default=2, help="h, the heads (configs/ding.yaml's)")
+    parser.add_argument("--vocab", type=int, default=PRESET.train.vocab_size, help="joint BPE size (the preset's)")
+    parser.add_argument("--max-tokens", type=int, default=PRESET.train.max_tokens, help="per side (the preset's)")
+    parser.add_argument("--heads", type=int, default=PRESET.model["h"], help="h, the heads (the preset's)")
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
         "--compare", choices=["precision", "adam", "compile"], default="precision",
