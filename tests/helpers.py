@@ -27,6 +27,7 @@ def randomize_(model: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module
       the square projections; N(0, d_model^-0.5) for embeddings, which the model scales by
       √d_model), so activations and logits keep their usual size;
     - LayerNorm (and any other normalisation) weights: 1 + ``scale`` · N(0, 1);
+    - ScaleNorm's g: √d_model · (1 + ``scale`` · N(0, 1)), around its initial value;
     - every bias (linear layers, layer norms, an output bias): ``scale`` · N(0, 1).
 
     The values depend only on ``seed``, the parameters' names and shapes, and their order, not
@@ -39,9 +40,12 @@ def randomize_(model: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module
         for m in model.modules()
         if isinstance(m, (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) and m.weight is not None
     }
+    scale_norm_gains = {id(m.g): m.d_model for m in model.modules() if type(m).__name__ == "ScaleNorm"}
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-        if p.dim() >= 2:
+        if id(p) in scale_norm_gains:
+            value = math.sqrt(scale_norm_gains[id(p)]) * (1 + scale * noise)
+        elif p.dim() >= 2:
             value = noise / math.sqrt(p.size(-1))
         elif id(p) in norm_weights or name.rsplit(".", 1)[-1] == "weight":
             value = 1 + scale * noise

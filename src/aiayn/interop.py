@@ -121,6 +121,8 @@ def load_torch_transformer(model: Transformer | EncoderOnly, module: nn.Transfor
     ``final_norm=True``). For an ``EncoderOnly`` model, ``module`` is a
     ``torch.nn.TransformerEncoder``. Raises ``ValueError`` naming the first mismatch."""
     config = model.config
+    if config.norm != "layer":
+        raise ValueError("torch.nn.Transformer has LayerNorms only: build the aiayn model with norm='layer'")
     if isinstance(model, EncoderOnly):
         if not isinstance(module, nn.TransformerEncoder):
             raise TypeError("an EncoderOnly model loads from a torch.nn.TransformerEncoder")
@@ -382,7 +384,8 @@ def to_marian_state(model: Transformer) -> tuple[dict[str, Any], dict[str, Tenso
     """The Marian ``config.json`` (a dict) and state dict (transformers' ``MarianMTModel`` names)
     of ``model``: ``from_marian_state``'s inverse, the permutation of the model dimension undone.
     Raises ``ValueError`` naming the setting for a model Marian cannot express (pre-norm, a final
-    layer norm, learned positions, restricted attention, d_k · h != d_model, other layer-norm ε)."""
+    layer norm, learned positions, restricted attention, d_k · h != d_model, other layer-norm ε, ScaleNorm,
+    FixNorm)."""
     c = model.config
     problems = [
         (c.norm_first, "norm_first=True (Marian is post-norm)"),
@@ -391,6 +394,8 @@ def to_marian_state(model: Transformer) -> tuple[dict[str, Any], dict[str, Tenso
         (c.attention_window is not None, "attention_window (Marian attends to every position)"),
         (c.d_k * c.h != c.d_model or c.d_v != c.d_k, f"d_k={c.d_k}, d_v={c.d_v}, h={c.h} (Marian's: d_model / h)"),
         (c.layer_norm_eps != 1e-5, f"layer_norm_eps={c.layer_norm_eps} (Marian's is 1e-5)"),
+        (c.norm != "layer", f"norm={c.norm!r} (Marian's are LayerNorms)"),
+        (c.fix_norm, "fix_norm=True (Marian's embeddings are used as they are)"),
         (c.d_model % 2 == 1, f"d_model={c.d_model} is odd"),
     ]
     named = [why for bad, why in problems if bad]

@@ -1,5 +1,6 @@
 """The engine's flat decoding step (``engine/step.py``) against the paper's model: logits equal
-to teacher forcing step by step, and the searches' outputs equal, for both norms and
+to teacher forcing step by step, and the searches' outputs equal, for both norm orders and
+ScaleNorm with FixNorm,
 activations, unequal head sizes, a deeper decoder, dropout configured (eval mode), windowed
 attention, beams sharing the source K/V, padded sources, reordered rows, large batches and
 weights made under inference mode. Every model has random biases and layer-norm parameters,
@@ -24,6 +25,9 @@ VARIANTS = {
     "d_k != d_v": {"d_k": 6, "d_v": 10},
     "dropout (eval mode)": {"P_drop": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.1},
     "windowed attention": {"attention_window": 3},  # a self-attention mask at every step
+    # Nguyen & Salazar's low-resource recipe: ScaleNorm everywhere, unit-length embeddings
+    "pre-norm scalenorm fixnorm": {"norm_first": True, "norm": "scale", "fix_norm": True},
+    "post-norm scalenorm": {"norm": "scale"},
     # a model converted from Marian: swish, an output bias, the decoder starting from the padding id
     "marian's": {"activation": "silu", "output_bias": True, "bos_id": 0},
 }

@@ -96,7 +96,8 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
         layer.cross_attn = SplitCrossAttention(layer.cross_attn)
     own_layer = prepared.output_projection is None or prepared.output_bias is not None
     if own_layer:  # tied to the embedding, or with an output bias: one layer on the weight and bias
-        weight = (prepared.tgt_embedding if prepared.output_projection is None else prepared.output_projection).weight
+        tied = prepared.output_projection is None
+        weight = prepared.tgt_embedding.table() if tied else prepared.output_projection.weight  # FixNorm's rows
         prepared.engine_projection = _linear(weight, prepared.output_bias)
     if quantize == "int8":
         quantize_dynamic_int8(prepared)

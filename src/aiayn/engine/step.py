@@ -157,20 +157,15 @@ def _project(module: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
 
 
 def _before(norm: ResidualNorm, x: Tensor) -> Tensor:
-    """``ResidualNorm.before`` in eval mode: LayerNorm(x) for pre-norm, x for post-norm (§3.1)."""
-    if not norm.norm_first:
-        return x
-    n = norm.norm
-    return F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
+    """``ResidualNorm.before`` in eval mode: LayerNorm(x) (or ScaleNorm) for pre-norm, x for
+    post-norm (§3.1)."""
+    return norm.norm(x) if norm.norm_first else x
 
 
 def _after(norm: ResidualNorm, x: Tensor, y: Tensor) -> Tensor:
-    """``ResidualNorm.after`` in eval mode (dropout is the identity): LayerNorm(x + y) for
-    post-norm (§3.1), x + y for pre-norm."""
-    if norm.norm_first:
-        return x + y
-    n = norm.norm
-    return F.layer_norm(x + y, n.normalized_shape, n.weight, n.bias, n.eps)
+    """``ResidualNorm.after`` in eval mode (dropout is the identity): LayerNorm(x + y) (or
+    ScaleNorm) for post-norm (§3.1), x + y for pre-norm."""
+    return x + y if norm.norm_first else norm.norm(x + y)
 
 
 def _feed_forward(ff: PositionwiseFeedForward, x: Tensor) -> Tensor:

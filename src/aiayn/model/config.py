@@ -12,6 +12,11 @@ What differs from the paper, and why:
   needs one, and ``torch.nn.Transformer`` always has one, so it is configurable.
 - ``attention_dropout`` and ``activation_dropout`` (dropout on attention weights and inside the
   feed-forward network) default to 0, as in the paper; ``torch.nn.Transformer`` uses P_drop there.
+- ``norm="scale"`` replaces every LayerNorm of the stacks with ScaleNorm, g · x / ‖x‖ with
+  one learned scalar g (Nguyen & Salazar 2019, "Transformers without Tears"), and
+  ``fix_norm`` gives every token embedding unit length before the √d_model scaling and in the
+  pre-softmax projection (FixNorm, Nguyen & Chiang 2018). Both are their low-resource recipe;
+  the paper's LayerNorm and free embeddings are the defaults.
 - ``suppress_ids``: target tokens the search never produces (besides padding), such as the tag
   that marks dictionary pairs' sources in training (``data.phrase_tag``); Hugging Face's
   ``suppress_tokens``.
@@ -29,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelConfig", "ACTIVATIONS"]
+__all__ = ["ModelConfig", "ACTIVATIONS", "NORMS"]
 
 ACTIVATIONS = ("relu", "gelu", "silu")  # the feed-forward network's: max(0, x) in the paper (§3.3)
+NORMS = ("layer", "scale")  # LayerNorm (§3.1) or ScaleNorm
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class ModelConfig:
     norm_first: bool = False
     final_norm: bool | None = None
     layer_norm_eps: float = 1e-5
+    norm: Literal["layer", "scale"] = "layer"
+    fix_norm: bool = False
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"
     max_len: int = 1024
     share_embeddings: bool = True
@@ -102,6 +110,10 @@ class ModelConfig:
             fail(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}")
         if self.positional not in ("sinusoidal", "learned"):
             fail(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.norm not in NORMS:
+            fail(f"norm must be one of {', '.join(map(repr, NORMS))}, got {self.norm!r}")
+        if not isinstance(self.fix_norm, bool):
+            fail(f"fix_norm must be true or false, got {self.fix_norm!r}")
         if self.layer_norm_eps <= 0:
             fail(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         if self.share_embeddings and self.tgt_vocab_size != self.vocab_size:

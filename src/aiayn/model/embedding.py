@@ -4,7 +4,10 @@ Legend: B batch, L sequence length.
 
 What differs from the paper: learned positional embeddings are an option (the paper reports
 they give nearly identical results, Table 3 row E); token embeddings are initialised
-N(0, d_model^-0.5), so that after the √d_model scaling they have unit variance.
+N(0, d_model^-0.5), so that after the √d_model scaling they have unit variance; with
+``fix_norm`` each embedding is scaled to unit length where it is used (FixNorm, Nguyen & Chiang
+2018, "Improving Lexical Choice in Neural Machine Translation"): rare words' embeddings
+cannot stay short, and the tied projection's logits become ‖h‖ · cos(h, e_w).
 """
 
 from __future__ import annotations
@@ -22,24 +25,36 @@ class TokenEmbedding(nn.Module):
     """Learned embeddings multiplied by √d_model (§3.4).
 
     The same matrix can serve as the pre-softmax projection (``project``), shared with the
-    embedding layers as in the paper. Shape: ``(B, L)`` token ids -> ``(B, L, d_model)``.
+    embedding layers as in the paper. ``fix_norm``: every row is used at unit length (FixNorm).
+    Shape: ``(B, L)`` token ids -> ``(B, L, d_model)``.
     """
 
-    def __init__(self, vocab_size: int, d_model: int) -> None:
+    def __init__(self, vocab_size: int, d_model: int, fix_norm: bool = False) -> None:
         super().__init__()
         self.d_model = d_model
+        self.fix_norm = fix_norm
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
 
+    def table(self) -> Tensor:
+        """The embedding matrix as it is used, ``(V, d_model)``: each row e_w / ‖e_w‖ with ``fix_norm``."""
+        return F.normalize(self.weight, dim=-1) if self.fix_norm else self.weight
+
     def forward(self, tokens: Tensor) -> Tensor:
-        return nn.functional.embedding(tokens, self.weight) * math.sqrt(self.d_model)  # (B, L, d_model)
+        e = F.embedding(tokens, self.weight)  # (B, L, d_model)
+        if self.fix_norm:
+            e = F.normalize(e, dim=-1)  # the looked-up rows only: table()'s rows, cheaper
+        return e * math.sqrt(self.d_model)
 
     def project(self, x: Tensor) -> Tensor:
         """Pre-softmax linear transformation with the embedding matrix: ``(..., d_model) -> (..., V)``."""
-        return F.linear(x, self.weight)
+        return F.linear(x, self.table())
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.size(0)}, {self.d_model}" + (", fix_norm=True" if self.fix_norm else "")
 
 
 def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0) -> Tensor:

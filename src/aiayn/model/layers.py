@@ -5,12 +5,16 @@ Legend: B batch, T target length, S source length.
 Post-norm, as in the paper: ``LayerNorm(x + Dropout(Sublayer(x)))`` (§3.1, §5.4).
 Pre-norm (``norm_first=True``): ``x + Dropout(Sublayer(LayerNorm(x)))``; it trains more
 stably without warmup but needs a final LayerNorm after the stack (``ModelConfig.final_norm``).
+``norm="scale"`` puts ScaleNorm (Nguyen & Salazar 2019) wherever a LayerNorm would be.
 
 Masks are boolean, ``True`` = may attend.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
@@ -19,11 +23,41 @@ from .config import ModelConfig
 from .dropout import Dropout
 from .feed_forward import PositionwiseFeedForward
 
-__all__ = ["ResidualNorm", "EncoderLayer", "DecoderLayer"]
+__all__ = ["ScaleNorm", "make_norm", "ResidualNorm", "EncoderLayer", "DecoderLayer"]
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm(x) = g · x / ‖x‖, one learned scalar g initialised to √d_model (Nguyen & Salazar
+    2019, "Transformers without Tears", arXiv 1910.05895): LayerNorm without the mean, the per-unit
+    gains or the bias. ‖x‖ is clamped below at ``eps``. Shape: ``(..., d_model)`` -> same."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.eps = eps
+        self.g = nn.Parameter(torch.empty(()))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.g, math.sqrt(self.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * (self.g / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps))
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """The normalisation layer ``config.norm`` names: LayerNorm (§3.1) or ScaleNorm."""
+    if config.norm == "scale":
+        return ScaleNorm(config.d_model, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
 class ResidualNorm(nn.Module):
-    """The residual connection and layer norm around one sublayer (§3.1), with dropout (§5.4).
+    """The residual connection and layer norm (or ScaleNorm) around one sublayer (§3.1), with
+    dropout (§5.4).
 
     ``before(x)`` is the sublayer's input and ``after(x, y)`` combines the sublayer output ``y``
     with the residual ``x``:
@@ -33,7 +67,7 @@ class ResidualNorm(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm = make_norm(config)
         self.dropout = Dropout(config.P_drop)
         self.norm_first = config.norm_first
 

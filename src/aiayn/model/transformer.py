@@ -28,7 +28,7 @@ from .config import ModelConfig
 from .dropout import Dropout
 from .embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 from .feed_forward import ACTIVATION
-from .layers import DecoderLayer, EncoderLayer
+from .layers import DecoderLayer, EncoderLayer, ScaleNorm, make_norm
 from .pretrained import PretrainedMixin
 
 __all__ = [
@@ -68,12 +68,13 @@ class Attention(NamedTuple):
 
 
 class Encoder(nn.Module):
-    """A stack of N encoder layers (§3.1), plus a final LayerNorm if ``config.final_norm``."""
+    """A stack of N encoder layers (§3.1), plus a final LayerNorm (or ScaleNorm) if
+    ``config.final_norm``."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.N))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
+        self.norm = make_norm(config) if config.final_norm else None
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, return_attention: bool = False
@@ -99,7 +100,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, cross: bool = True) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config, cross) for _ in range(config.N_dec))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.final_norm else None
+        self.norm = make_norm(config) if config.final_norm else None
 
     def forward(
         self,
@@ -171,7 +172,8 @@ def _and(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 @torch.no_grad()
 def init_weights(model: nn.Module) -> None:
     """Xavier-uniform projection matrices with zero biases; embeddings N(0, d_model^-0.5)
-    (set by ``TokenEmbedding``), which suits their √d_model scaling; LayerNorm (1, 0)."""
+    (set by ``TokenEmbedding``), which suits their √d_model scaling; LayerNorm (1, 0); ScaleNorm's
+    g = √d_model."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
@@ -182,6 +184,8 @@ def init_weights(model: nn.Module) -> None:
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaleNorm):
+            module.reset_parameters()
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
             # W^Q, W^K, W^V are three d_model x (h d_k) matrices: initialise each on its own,
@@ -211,11 +215,11 @@ class Transformer(PretrainedMixin, nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.src_embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.src_embedding = TokenEmbedding(config.vocab_size, config.d_model, config.fix_norm)
         if config.share_embeddings:
             self.tgt_embedding = self.src_embedding
         else:
-            self.tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model)
+            self.tgt_embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model, config.fix_norm)
         self.src_positional = _positional(config)
         self.tgt_positional = _positional(config)
         self.dropout = Dropout(config.P_drop)
@@ -303,7 +307,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.embedding = TokenEmbedding(config.vocab_size, config.d_model, config.fix_norm)
         self.positional = _positional(config)
         self.dropout = Dropout(config.P_drop)
         self.decoder = Decoder(config, cross=False)
@@ -376,7 +380,7 @@ class EncoderOnly(PretrainedMixin, nn.Module):
         if config.output_bias:
             raise ValueError("ModelConfig: output_bias is for models that decode; the masked-LM head has its own bias")
         self.config = config
-        self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.embedding = TokenEmbedding(config.vocab_size, config.d_model, config.fix_norm)
         self.positional = _positional(config)
         self.dropout = Dropout(config.P_drop)
         self.encoder = Encoder(config)
