@@ -40,7 +40,9 @@ def randomize_(model: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module
         for m in model.modules()
         if isinstance(m, (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) and m.weight is not None
     }
-    scale_norm_gains = {id(m.g): m.d_model for m in model.modules() if type(m).__name__ == "ScaleNorm"}
+    from aiayn.model.layers import ScaleNorm
+
+    scale_norm_gains = {id(m.g): m.d_model for m in model.modules() if isinstance(m, ScaleNorm)}
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
         if id(p) in scale_norm_gains:

@@ -1,7 +1,7 @@
 """ScaleNorm and FixNorm (Nguyen & Salazar 2019; Nguyen & Chiang 2018) against their formulas,
-computed here in float64 by hand: the layer's output and both gradients, the model built with
-them in every place a LayerNorm stood, the embeddings at unit length, and the converters that
-cannot express them refusing."""
+computed here in float64 by hand: the layer's output and both gradients, the encoder-decoder
+built with ScaleNorm in every place a LayerNorm stood, the embeddings at unit length, and the
+converters that cannot express them refusing."""
 
 import math
 

@@ -94,7 +94,7 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A stack of N decoder layers (§3.1), plus a final LayerNorm if ``config.final_norm``.
+    """A stack of N decoder layers (§3.1), plus a final LayerNorm (or ScaleNorm) if ``config.final_norm``.
     ``cross=False`` builds the decoder of a decoder-only model (no encoder-decoder attention)."""
 
     def __init__(self, config: ModelConfig, cross: bool = True) -> None:
