@@ -2,8 +2,9 @@
 model widths, in one run: what ``train.amp: auto`` decides between (``aiayn/train/precision.py``).
 
 Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` tokens, batches of
-<= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of N = 3 + 3 layers, d_ff = 4
-d_model, ``--heads`` heads (the preset's 2; 4 before it), P_drop 0.1, label smoothing 0.1, Adam;
+<= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of ``--layers`` + ``--dec-layers``
+layers (the preset's 1 + 5; 3 + 3 before it), d_ff = 4 d_model, ``--heads`` heads (the preset's 2; 4
+before it), P_drop 0.1, label smoothing 0.1, Adam;
 one training step = forward, backward and the update. The two precisions take their steps on the
 same batches, alternating in blocks of ``--block`` steps after a warm-up, so that a slow spell of
 the machine falls on both. Tokens/s
@@ -69,6 +70,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=PRESET.train.vocab_size, help="joint BPE size (the preset's)")
     parser.add_argument("--max-tokens", type=int, default=PRESET.train.max_tokens, help="per side (the preset's)")
     parser.add_argument("--heads", type=int, default=PRESET.model["h"], help="h, the heads (the preset's)")
+    parser.add_argument("--layers", type=int, default=PRESET.model["N"], help="N, the encoder's layers (the preset's)")
+    parser.add_argument(
+        "--dec-layers", type=int, default=PRESET.model.get("N_dec"), help="the decoder's layers (the preset's)"
+    )
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
         "--compare", choices=["precision", "adam", "compile"], default="precision",
@@ -86,7 +91,8 @@ def main() -> None:
     rows = []
     for d_model in args.d_model:
         config = ModelConfig(
-            vocab_size=vocab, N=3, d_model=d_model, d_ff=4 * d_model, h=args.heads, P_drop=0.1, norm_first=True
+            vocab_size=vocab, N=args.layers, N_dec=args.dec_layers, d_model=d_model, d_ff=4 * d_model, h=args.heads,
+            P_drop=0.1, norm_first=True,
         )  # fmt: skip
         runs = {}
         variants = {"fp32": ("fp32", args.adam, False), "bf16": ("bf16", args.adam, False)}

@@ -8,7 +8,7 @@ aiayn generate --model runs/lm/model "The weather" --temperature 0.8 --top-p 0.9
 aiayn fill-mask --model runs/mlm/model "Das ist ein <mask> Haus."
 aiayn plot runs/ding
 aiayn plot pe | aiayn plot lr --config configs/ding.yaml
-aiayn attention --model runs/ding/model "Es war purer Zufall." --layers 0,2 --heads 0,1 [--max-len 20]
+aiayn attention --model runs/ding/model "Es war purer Zufall." --kind dec,cross --layers 0,4 --heads 0,1 [--max-len 20]
 aiayn average runs/ding/checkpoints/step_* --out runs/ding/averaged
 aiayn copy-task
 """
