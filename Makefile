@@ -47,7 +47,8 @@ data/ding/train.de: | install ding
 
 # The main job: a German->English translator trained from scratch on this CPU (about 17 minutes).
 # Its test split is scored with alpha 1.5, not the paper's 0.6: chosen on the dev split over 7
-# models of the preset (docs/benchmarks.md, "Checkpoint averaging and beam search").
+# models of the 3 + 3-layer presets before this one (docs/benchmarks.md, "Checkpoint averaging
+# and beam search").
 demo: install ding data/ding/train.de
 	rm -rf runs/ding  # the demo always trains from scratch
 	$(AIAYN) train --config configs/ding.yaml --out runs/ding

@@ -70,10 +70,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=PRESET.train.vocab_size, help="joint BPE size (the preset's)")
     parser.add_argument("--max-tokens", type=int, default=PRESET.train.max_tokens, help="per side (the preset's)")
     parser.add_argument("--heads", type=int, default=PRESET.model["h"], help="h, the heads (the preset's)")
-    parser.add_argument("--layers", type=int, default=PRESET.model["N"], help="N, the encoder's layers (the preset's)")
+    parser.add_argument("--layers", type=int, default=PRESET.model["N"], help="the encoder's layers (the preset's)")
     parser.add_argument(
-        "--dec-layers", type=int, default=PRESET.model.get("N_dec"), help="the decoder's layers (the preset's)"
-    )
+        "--dec-layers", type=int, default=PRESET.model.get("N_dec"),
+        help="the decoder's layers (the preset's, also when --layers is given)",
+    )  # fmt: skip
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
         "--compare", choices=["precision", "adam", "compile"], default="precision",
@@ -154,7 +155,8 @@ def main() -> None:
     name = {"precision": "train_precision", "adam": "train_adam", "compile": "train_compile"}[args.compare]
     result = {
         "benchmark": name, "command": "python " + " ".join(sys.argv), "machine": machine(),
-        "native_bf16": native_bf16(device), "matmul_peak_gflops": round(peak32 / 1e9, 1),
+        "native_bf16": native_bf16(device), "layers": [args.layers, args.dec_layers], "heads": args.heads,
+        "matmul_peak_gflops": round(peak32 / 1e9, 1),
         "bf16_matmul_peak_gflops": round(peak16 / 1e9, 1), "rows": rows,
     }  # fmt: skip
     path = write_result(name, result)
