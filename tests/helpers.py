@@ -15,6 +15,8 @@ import math
 import torch
 from torch import nn
 
+from aiayn.model.layers import ScaleNorm
+
 __all__ = ["random_model", "randomize_"]
 
 
@@ -40,8 +42,6 @@ def randomize_(model: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module
         for m in model.modules()
         if isinstance(m, (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) and m.weight is not None
     }
-    from aiayn.model.layers import ScaleNorm
-
     scale_norm_gains = {id(m.g): m.d_model for m in model.modules() if isinstance(m, ScaleNorm)}
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
