@@ -4,6 +4,7 @@ aiayn data ding --out data/ding
 aiayn train --config configs/ding.yaml --out runs/ding [--resume] [--train.max_steps 100 ...]
 aiayn evaluate --model runs/ding/model --src data/ding/test.de --ref data/ding/test.en
 aiayn translate --model runs/ding/model "Es war purer Zufall."
+aiayn evaluate --model runs/ding/model --model runs/ding2/model --split dev   (an ensemble)
 aiayn generate --model runs/lm/model "The weather" --temperature 0.8 --top-p 0.9 --seed 1
 aiayn fill-mask --model runs/mlm/model "Das ist ein <mask> Haus."
 aiayn plot runs/ding
@@ -135,6 +136,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
     search = "greedy" if args.beam == 1 else f"beam {args.beam}, alpha {args.alpha}"
+    search += f", an ensemble of {len(args.model)} models" if len(args.model) > 1 else ""
     int8 = ", int8" if args.quantize else ""
     ngram = f", no n-gram of {args.no_repeat_ngram_size} twice" if args.no_repeat_ngram_size else ""
     print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}{ngram}) in {seconds:.1f} s")
@@ -446,8 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate", help="translate a test set; print sacreBLEU BLEU and chrF and the references' perplexity"
     )
     evaluate.add_argument(
-        "--model", required=True, help="model directory (config.json, model.safetensors, tokenizer.json)"
-    )
+        "--model", required=True, action="append", metavar="DIR",
+        help="model directory (config.json, model.safetensors, tokenizer.json); given again (--model A --model B): "
+        "an ensemble, the mean of their probabilities (their tokenizers identical: train.tokenizer)",
+    )  # fmt: skip
     evaluate.add_argument("--split", default="test", help="with --data: the split to score (default %(default)s)")
     evaluate.add_argument("--data", default="data/ding", help="directory of {split}.{lang} files (%(default)s)")
     evaluate.add_argument("--src-lang", default="de", help="source language suffix (default %(default)s)")
@@ -462,7 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
     translate = sub.add_parser(
         "translate", help="translate sentences (arguments, --input FILE, or stdin), one output line per input line"
     )
-    translate.add_argument("--model", required=True, help="model directory")
+    translate.add_argument(
+        "--model", required=True, action="append", metavar="DIR",
+        help="model directory; given again (--model A --model B): an ensemble, as evaluate's",
+    )  # fmt: skip
     translate.add_argument("--input", help="a file with one sentence per line")
     translate.add_argument(
         "--nbest",

@@ -17,7 +17,8 @@ source, the self-attention keys and values grow one step at a time, and beam sea
 cache rows by parent beam every step. A model from ``aiayn.engine.prepare`` runs on the engine
 (its cache and flat step, ``engine.step.Decoding``); any other on its own modules and
 ``model/cache.py``. ``use_cache=False`` recomputes the whole prefix each step instead (the
-reference the cache is tested and benchmarked against).
+reference the cache is tested and benchmarked against). An ``Ensemble`` of models decodes each
+member on its own state and scores the mean of their next-token probabilities.
 
 Conventions shared by greedy and beam search (as in fairseq):
 - the padding token is never produced;
@@ -33,21 +34,22 @@ Conventions shared by greedy and beam search (as in fairseq):
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .engine import is_prepared
 from .engine.step import Decoding
 from .model import DecoderOnly, EncoderOnly, ModelConfig, Transformer
 
 __all__ = [
-    "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode", "length_penalty",
-    "sample", "sample_next", "translate_continuous", "translate_ids",
+    "Ensemble", "Hypothesis", "beam_search", "fill_mask", "filter_logits", "generate_ids", "greedy_decode",
+    "length_penalty", "sample", "sample_next", "translate_continuous", "translate_ids",
 ]  # fmt: skip
 
 
@@ -191,8 +193,75 @@ class _Prompted(_Plain):
         return self.model.decode(tokens[:, None], cache=self.cache).logits[:, -1]
 
 
-def _decoding(model: Transformer, src: Tensor, beam: int, steps: int, use_cache: bool) -> _Plain | Decoding:
+class Ensemble(nn.Module):
+    """Several encoder-decoder models of one vocabulary read as one (not in the paper; the
+    ensembles of fairseq's ``--path a.pt:b.pt``, Marian's ``--models``): the next-token
+    distribution is the mean of the members' probabilities, p(y | x, y<t) = 1/M Σ_m p_m(y | x, y<t).
+
+    Searches, ``translate_ids`` and ``Translator`` take it in place of a ``Transformer``; each
+    member decodes on its own cache (on the engine where it was prepared). ``forward`` returns
+    log p, normalised log-probabilities standing in for logits, so that the loss and perplexity
+    of ``evaluate_loss`` are the ensemble's. The members must share the tokenizer; their
+    vocabulary sizes and special ids must agree (checked here), their shapes may differ.
+    """
+
+    def __init__(self, models: Sequence[Transformer]) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        for i, model in enumerate(models):
+            if not isinstance(model, Transformer):
+                raise TypeError(f"ensemble member {i} is a {type(model).__name__}, not an encoder-decoder Transformer")
+        first = models[0].config
+        same = ("vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "suppress_ids")
+        for i, model in enumerate(models[1:], 1):
+            differ = [f"{k} {getattr(model.config, k)} != {getattr(first, k)}" for k in same
+                      if getattr(model.config, k) != getattr(first, k)]  # fmt: skip
+            if differ:
+                raise ValueError(f"ensemble member {i} does not match member 0: {', '.join(differ)}")
+        self.members = nn.ModuleList(models)
+        # inputs and output limits (``_limits``) must fit every member: the fewest positions of any
+        learned = any(m.config.positional == "learned" for m in models)
+        max_len = min(m.config.max_len for m in models)
+        self.config = first.replace(positional="learned" if learned else first.positional, max_len=max_len)
+
+    def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
+        """Teacher-forced log p of the mean distribution: src ``(B, S)``, tgt ``(B, T)`` ->
+        ``(B, T, V)``, or ``(N, V)`` at the positions where ``select`` is True."""
+        return _mean_of_probabilities([m(src, tgt, select=select) for m in self.members])
+
+
+def _mean_of_probabilities(logits: list[Tensor]) -> Tensor:
+    """log(1/M Σ_m softmax(logits_m)), in float32, from M tensors of logits ``(..., V)``."""
+    logp = torch.stack([F.log_softmax(x.float(), dim=-1) for x in logits])  # (M, ..., V)
+    return torch.logsumexp(logp, dim=0) - math.log(len(logits))
+
+
+class _EnsembleState:
+    """The decoder states of an ``Ensemble``'s members, stepped together: the mean of their
+    next-token probabilities (as log p), their caches reordered and frozen alike."""
+
+    def __init__(self, states: list[_Plain | Decoding]) -> None:
+        self.states = states
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        return _mean_of_probabilities([state(tokens) for state in self.states])  # (R, V)
+
+    def reorder(self, rows: Tensor, sentences_changed: bool = True) -> None:
+        for state in self.states:
+            state.reorder(rows, sentences_changed)
+
+    def freeze(self, rows: Tensor) -> None:
+        for state in self.states:
+            state.freeze(rows)
+
+
+def _decoding(
+    model: Transformer | Ensemble, src: Tensor, beam: int, steps: int, use_cache: bool
+) -> _Plain | Decoding | _EnsembleState:
     """The decoder state of a search over ``src``, ``beam`` rows per sentence, at most ``steps`` steps."""
+    if isinstance(model, Ensemble):
+        return _EnsembleState([_decoding(m, src, beam, steps, use_cache) for m in model.members])
     if isinstance(model, DecoderOnly):
         return _Prompted(model, src)
     if not use_cache:

@@ -4,6 +4,7 @@ translator = Translator.from_pretrained("runs/ding/model")
 translator.translate(["Es war purer Zufall."])            # beam 4, α = 0.6 (§6.1)
 translator.translate(["Es war purer Zufall."], beam=1)    # greedy
 translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...]]
+Translator.from_pretrained(["runs/ding/model", "runs/ding2/model"])  # an ensemble (one tokenizer)
 for line in translator.translate_stream(read_lines("big.de")):  # aiayn.data.read_lines: a file or
     print(line)                                                   # a pipe, 1,000 lines at a time
 """
@@ -17,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .data.tokenizer import Tokenizer, load_tokenizer
-from .decode import translate_ids
+from .data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
+from .decode import Ensemble, translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
 
@@ -29,14 +30,15 @@ class Translator:
     """A ``Transformer`` with its tokenizer: text in, text out, batched by tokens.
 
     The model decodes on the engine (``aiayn.engine.prepare``, with ``quantize`` and ``options``;
-    ``self.model`` is the prepared model, sharing the given one's parameters). Inputs longer than
+    ``self.model`` is the prepared model, sharing the given one's parameters); an ``Ensemble``'s
+    members are prepared each and decode together (``aiayn.decode.Ensemble``). Inputs longer than
     the model's ``max_len`` positions are truncated with a warning; an empty or whitespace-only
     input gives an empty output without running the model.
     """
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | Ensemble,
         tokenizer: Tokenizer,
         quantize: str | None = None,
         options: EngineOptions | None = None,
@@ -45,19 +47,25 @@ class Translator:
             raise ValueError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
             )
-        self.model = model if is_prepared(model) else prepare(model.eval(), quantize, options)
+        if isinstance(model, Ensemble):
+            members = [m if is_prepared(m) else prepare(m.eval(), quantize, options) for m in model.members]
+            self.model = Ensemble(members).eval()
+        else:
+            self.model = model if is_prepared(model) else prepare(model.eval(), quantize, options)
         self.tokenizer = tokenizer
 
     @classmethod
     def from_pretrained(
         cls,
-        directory: str | Path,
+        directory: str | Path | Sequence[str | Path],
         device: str | torch.device = "cpu",
         quantize: str | None = None,
         options: EngineOptions | None = None,
     ) -> Translator:
         """Load ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer.json``, or a
-        converted Marian model's SentencePiece files) from ``directory``.
+        converted Marian model's SentencePiece files) from ``directory``. Several directories
+        make an ensemble (``aiayn.decode.Ensemble``); their tokenizer files must be identical
+        (runs trained with ``train.tokenizer`` pointing at one of them).
 
         ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only);
         ``options``: the engine's choices (``aiayn.engine.EngineOptions``). Missing or
@@ -67,6 +75,13 @@ class Translator:
             raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
         if quantize is not None and torch.device(device).type != "cpu":
             raise ValueError("int8 quantization runs on the CPU only")
+        if not isinstance(directory, (str, Path)):
+            directories = [Path(d) for d in directory]
+            if len(directories) > 1:
+                ensemble = _load_ensemble(directories, device)
+                sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
+                return cls(ensemble, load_tokenizer(directories[0], *sizes), quantize, options)
+            directory = directories[0]
         directory = Path(directory)
         model = Transformer.from_pretrained(directory, device=device)
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
@@ -224,3 +239,24 @@ class Translator:
         pairs = list(zip(source_ids, reference_ids, strict=True))
         device = next(self.model.parameters()).device
         return evaluate_loss(self.model, pairs, max_tokens, device)[1]
+
+
+def _load_ensemble(directories: list[Path], device: str | torch.device) -> Ensemble:
+    """The models of ``directories`` as an ``Ensemble``, after checking that each holds the same
+    tokenizer files as the first (the members read and write the same ids)."""
+    files = tokenizer_files(directories[0])
+    first = {name: _read(directories[0] / name) for name in files}
+    for directory in directories[1:]:
+        if tokenizer_files(directory) != files or any(_read(directory / n) != first[n] for n in files):
+            raise ValueError(
+                f"{directory} has another tokenizer than {directories[0]}: the models of an ensemble must share one "
+                f"(train them with --train.tokenizer {directories[0]})"
+            )
+    return Ensemble([Transformer.from_pretrained(d, device=device) for d in directories])
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the tokenizer file ({e.strerror or e})") from None

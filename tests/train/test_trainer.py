@@ -247,3 +247,30 @@ def test_phrases_resampled_each_epoch_resume_exactly(tmp_path):
 
     with pytest.raises(ValueError, match=r"resample_phrases needs data\.phrases"):
         RunConfig.from_yaml(config, parse_overrides(["--data.resample_phrases", "true"]))
+
+
+def test_train_tokenizer_gives_runs_one_vocabulary_that_ensembles(tmp_path, corpus):
+    """``train.tokenizer``: a second run reads the first's tokenizer instead of learning a BPE
+    (its own ``vocab_size`` unused), so the two models, of different seeds, make an ensemble."""
+    from aiayn.decode import Ensemble
+    from aiayn.translator import Translator
+
+    config = write_config(tmp_path, corpus, max_steps=3, eval_every=3)
+    train(RunConfig.from_yaml(config), tmp_path / "a", progress=False, log=lambda _: None)
+    said: list[str] = []
+    shared = ["--train.tokenizer", str(tmp_path / "a" / "model"), "--train.seed", "4", "--train.vocab_size", "50"]
+    train(RunConfig.from_yaml(config, parse_overrides(shared)), tmp_path / "b", progress=False, log=said.append)
+    assert any("no BPE learnt" in line for line in said)
+    assert not any("training a joint BPE" in line for line in said)
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    assert (b / "tokenizer.json").read_bytes() == (a / "tokenizer.json").read_bytes()
+    model_a, model_b = Transformer.from_pretrained(a), Transformer.from_pretrained(b)
+    assert model_b.config.vocab_size == model_a.config.vocab_size == Tokenizer.load(a / "tokenizer.json").vocab_size
+    assert not torch.equal(model_a.src_embedding.weight, model_b.src_embedding.weight)  # another seed
+    translator = Translator.from_pretrained([a, b])
+    assert isinstance(translator.model, Ensemble) and len(translator.translate(["haus und katze"], beam=2)) == 1
+    with pytest.raises(ValueError, match=r"train\.tokenizer and train\.init both"):
+        RunConfig.from_yaml(config, parse_overrides(["--train.tokenizer", str(a), "--train.init", str(a)]))
+    missing = parse_overrides(["--train.tokenizer", str(tmp_path / "none")])
+    with pytest.raises(FileNotFoundError, match=r"none/tokenizer.json: no such file"):
+        train(RunConfig.from_yaml(config, missing), tmp_path / "c", progress=False, log=lambda _: None)

@@ -117,6 +117,11 @@ class TrainConfig:
     from a fresh BPE and random weights. Of the run's ``model`` section only the dropout fields
     (``P_drop``, ``attention_dropout``, ``activation_dropout``) apply; the others are the model's.
 
+    ``tokenizer``: a model or run directory whose tokenizer this run reads and writes with,
+    instead of learning a BPE (``vocab_size`` then unused), so that runs share one vocabulary:
+    the members of an ensemble (``aiayn.decode.Ensemble``; fairseq's ``--srcdict``), or runs whose
+    per-token perplexities are to be compared. Not with ``init``, which brings its own.
+
     ``cooldown`` (not in the paper; off by default): over the last ``cooldown`` fraction of the
     run's budget the rate falls linearly to 0 (``schedule.cooldown_factor``), as a run with a
     known end can afford. The budget is the first of ``max_steps``, ``max_epochs`` and
@@ -158,6 +163,7 @@ class TrainConfig:
     amp: bool | str = "auto"  # bf16 autocast: auto (where it pays: precision.py), true, false
     log_every: int = 1
     init: str | None = None  # fine-tune the model in this directory (its config, weights, tokenizer)
+    tokenizer: str | None = None  # use this model or run directory's tokenizer instead of learning a BPE
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_tokens", "accumulate", "warmup", "eval_every", "keep_checkpoints", "log_every"):
@@ -184,6 +190,8 @@ class TrainConfig:
             raise ValueError("train.bpe_dropout is for translation and lm")
         if isinstance(self.cooldown, bool) or not 0 <= self.cooldown <= 1:
             raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
+        if self.tokenizer is not None and self.init is not None:
+            raise ValueError("train.tokenizer and train.init both give the tokenizer: set one (init brings its own)")
         if self.amp not in (True, False, "auto"):
             raise ValueError(f"train.amp must be auto, true or false, got {self.amp!r}")
         object.__setattr__(self, "betas", tuple(self.betas))

@@ -192,6 +192,9 @@ def train(
     elif cfg.init is not None:
         tokenizer = load_tokenizer(cfg.init)
         say(f"fine-tuning {cfg.init}: its tokenizer, config and weights")
+    elif cfg.tokenizer is not None:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        say(f"tokenizer: {cfg.tokenizer}'s, {tokenizer.vocab_size:,} tokens (train.tokenizer; no BPE learnt)")
     else:
         bpe_raw = train_raw + bpe_phrases
         say(f"training a joint BPE of {cfg.vocab_size} tokens on {len(bpe_raw):,} {unit} ...")
@@ -205,8 +208,9 @@ def train(
             raise ValueError("train.bpe_dropout needs aiayn's BPE tokenizer (its merges), not a Marian model's")
         objective.merge_parents = tokenizer.merge_parents()
     if run.data.phrase_tag and tokenizer.phrase_id is None:
-        made = "made before it" if cfg.init is None else f"{cfg.init}'s; set data.phrase_tag false"
-        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or cfg.init} has no <phrase> token ({made})")
+        given = cfg.init or cfg.tokenizer
+        made = "made before it" if given is None else f"{given}'s; set data.phrase_tag false"
+        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or given} has no <phrase> token ({made})")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
     say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
     dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
