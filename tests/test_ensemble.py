@@ -132,18 +132,41 @@ def test_the_ensembles_perplexity_is_that_of_the_mean_probability():
     assert perplexity == pytest.approx(math.exp(nll / tokens), rel=1e-5)
 
 
+def test_an_ensemble_of_eval_members_stays_in_eval_mode_after_evaluate_loss():
+    """``evaluate_loss`` restores the mode it found: an ensemble of eval members is in eval mode,
+    so its members keep dropout off for the searches that follow."""
+    members = [random_model(seed=s, vocab_size=16, P_drop=0.3) for s in (1, 2)]
+    ensemble = Ensemble(members)
+    evaluate_loss(ensemble, [([5, 6], [7, 8])], max_tokens=12, device=torch.device("cpu"))
+    assert not ensemble.training and not any(m.training for m in ensemble.modules())
+    src = _sources([3, 4])
+    assert torch.equal(greedy_decode(ensemble, src, max_len=5), greedy_decode(ensemble, src, max_len=5))
+
+
+def test_a_token_one_member_suppresses_the_ensemble_never_produces():
+    a = random_model(seed=1, vocab_size=8)
+    tagged = random_model(seed=2, vocab_size=8, suppress_ids=(5,))
+    ensemble = Ensemble([a, tagged])
+    assert ensemble.config.suppress_ids == (5,)
+    src = _sources([3, 5, 2, 4], vocab_size=8)
+    assert 5 in greedy_decode(a, src, max_len=8)  # a alone produces it here
+    assert 5 not in greedy_decode(ensemble, src, max_len=8)
+    assert all(5 not in h.tokens for s in beam_search(ensemble, src, beam=4, nbest=4, max_len=8) for h in s)
+
+
 def test_members_must_share_the_vocabulary_and_be_encoder_decoders():
     a = random_model(seed=1, vocab_size=16)
     with pytest.raises(ValueError, match="member 1 does not match member 0: vocab_size 20 != 16"):
         Ensemble([a, random_model(seed=2, vocab_size=20)])
-    with pytest.raises(ValueError, match="suppress_ids"):
-        Ensemble([a, random_model(seed=2, vocab_size=16, suppress_ids=(5,))])
     with pytest.raises(TypeError, match="member 1 is a DecoderOnly"):
         Ensemble([a, DecoderOnly(ModelConfig.tiny(vocab_size=16))])
     with pytest.raises(ValueError, match="at least one"):
         Ensemble([])
     learned = random_model(seed=3, vocab_size=16, positional="learned", max_len=12)
-    assert Ensemble([a, learned]).config.max_len == 12  # inputs and outputs fit every member
+    assert Ensemble([a, learned]).config.max_len == 12  # outputs fit the learned positions
+    assert Ensemble([a, learned]).config.positional == "learned"
+    with pytest.raises(ValueError, match="no model directory"):
+        Translator.from_pretrained([])
 
 
 SENTENCES = ["Das Haus ist groß.", "The house is big.", "Die Katze schläft.", "The cat is asleep."]
@@ -191,3 +214,5 @@ def test_translator_and_commands_take_several_models_as_one_ensemble(model_dirs,
     err = capsys.readouterr().err
     assert err.startswith("aiayn translate: error:") and f"{other} has another tokenizer" in err
     assert "--train.tokenizer" in err and len(err.splitlines()) == 1
+    assert main(["serve", *two]) == 1
+    assert "serve takes one --model" in capsys.readouterr().err

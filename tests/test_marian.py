@@ -346,6 +346,27 @@ def test_evaluate_and_attention_on_the_converted_model(hf_dir, trained, converte
     assert out.stat().st_size > 1000
 
 
+def _small_run(tmp_path):
+    """A run config (d_model 512 as the converted model's) over a data directory of SENTENCES."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.de").write_text("\n".join(SENTENCES) + "\n")
+        (data / f"{split}.en").write_text("\n".join(SENTENCES) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data:\n  dir: {data}\nmodel:\n  d_model: 512\ntrain:\n  max_tokens: 256\n  max_steps: 1\n")
+    return config
+
+
+def test_train_tokenizer_refuses_a_marian_models_tokenizer(converted, tmp_path, capsys):
+    """``train.tokenizer`` takes aiayn's BPE only: a Marian model's ids (EOS 0, padding as BOS)
+    are not what a fresh model is built with; fine-tuning it is ``train.init``."""
+    config, out = _small_run(tmp_path), tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(out), "--train.tokenizer", str(converted)]) == 1
+    err = capsys.readouterr().err
+    assert "holds a Marian model's tokenizer" in err and "train.init" in err and not out.exists()
+
+
 def test_fine_tuning_starts_from_the_converted_model(converted, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -381,13 +402,7 @@ def test_fine_tuning_starts_from_the_converted_model(converted, tmp_path):
 @pytest.mark.parametrize(("lever", "needs"), [("word_dropout", "its special ids"), ("bpe_dropout", "its merges")])
 def test_token_levers_refuse_a_marian_tokenizer(converted, tmp_path, capsys, lever, needs):
     """word_dropout and bpe_dropout need aiayn's BPE: on a SentencePiece model they refuse, never a silent no-op."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "dev"):
-        (data / f"{split}.de").write_text("\n".join(SENTENCES) + "\n")
-        (data / f"{split}.en").write_text("\n".join(SENTENCES) + "\n")
-    config = tmp_path / "run.yaml"
-    config.write_text(f"data:\n  dir: {data}\nmodel:\n  d_model: 512\ntrain:\n  max_tokens: 256\n")
+    config = _small_run(tmp_path)
     args = ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--train.init", str(converted)]
     assert main([*args, "--train.max_steps", "1", "--train.amp", "false", f"--train.{lever}", "0.1"]) == 1
     err = capsys.readouterr().err

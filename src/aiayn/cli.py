@@ -348,6 +348,9 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if len(args.model) > 1:  # the explorer shows one model's attention
+        raise ValueError("serve takes one --model; ensembles translate with aiayn translate and evaluate")
+    args.model = args.model[0]
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -578,7 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     server = sub.add_parser(
         "serve", help="an HTTP translation server (POST /translate) and an attention explorer (GET /)"
     )
-    server.add_argument("--model", required=True, metavar="DIR", help="model directory")
+    server.add_argument(
+        "--model", required=True, action="append", metavar="DIR", help="model directory (one: no ensembles here)"
+    )
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     server.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     defaults = ServeDefaults()

@@ -202,7 +202,9 @@ class Ensemble(nn.Module):
     member decodes on its own cache (on the engine where it was prepared). ``forward`` returns
     log p, normalised log-probabilities standing in for logits, so that the loss and perplexity
     of ``evaluate_loss`` are the ensemble's. The members must share the tokenizer; their
-    vocabulary sizes and special ids must agree (checked here), their shapes may differ.
+    vocabulary sizes, special ids and device must agree (checked here), their shapes may differ.
+    A token any member suppresses (``suppress_ids``) the ensemble never produces. In
+    ``translate_continuous`` an ensemble takes new sentences only once its batch has ended.
     """
 
     def __init__(self, models: Sequence[Transformer]) -> None:
@@ -213,17 +215,24 @@ class Ensemble(nn.Module):
             if not isinstance(model, Transformer):
                 raise TypeError(f"ensemble member {i} is a {type(model).__name__}, not an encoder-decoder Transformer")
         first = models[0].config
-        same = ("vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "suppress_ids")
+        same = ("vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id")
+        devices = {next(m.parameters()).device for m in models}
         for i, model in enumerate(models[1:], 1):
             differ = [f"{k} {getattr(model.config, k)} != {getattr(first, k)}" for k in same
                       if getattr(model.config, k) != getattr(first, k)]  # fmt: skip
             if differ:
                 raise ValueError(f"ensemble member {i} does not match member 0: {', '.join(differ)}")
+        if len(devices) > 1:
+            raise ValueError(f"the members of an ensemble must be on one device, got {sorted(map(str, devices))}")
         self.members = nn.ModuleList(models)
-        # inputs and output limits (``_limits``) must fit every member: the fewest positions of any
-        learned = any(m.config.positional == "learned" for m in models)
-        max_len = min(m.config.max_len for m in models)
-        self.config = first.replace(positional="learned" if learned else first.positional, max_len=max_len)
+        self.train(all(m.training for m in models))  # eval members make an eval ensemble (evaluate_loss restores it)
+        # outputs must fit every member's learned positions (``_limits``); sinusoidal ones extend
+        learned = [m.config.max_len for m in models if m.config.positional == "learned"]
+        suppress = tuple(sorted({i for m in models for i in m.config.suppress_ids}))
+        positional = "learned" if learned else first.positional
+        self.config = first.replace(
+            positional=positional, max_len=min(learned, default=first.max_len), suppress_ids=suppress
+        )
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         """Teacher-forced log p of the mean distribution: src ``(B, S)``, tgt ``(B, T)`` ->
@@ -545,7 +554,7 @@ def _search(
 
 @torch.no_grad()
 def greedy_decode(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     max_len: int | None = None,
     max_len_a: int = 50,
@@ -557,7 +566,7 @@ def greedy_decode(
 
     Args:
         model: an encoder-decoder ``Transformer`` in eval mode, or one prepared by
-            ``aiayn.engine.prepare`` (the same outputs, faster).
+            ``aiayn.engine.prepare`` (the same outputs, faster), or an ``Ensemble`` of them.
         src: ``(B, S)`` source token ids, padded with ``config.pad_id``.
         max_len, max_len_a, min_len: the output limits (module docstring); by default each
             sentence may produce its source length + 50 tokens.
@@ -582,7 +591,7 @@ def greedy_decode(
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     beam: int = 4,
     alpha: float = 0.6,
@@ -599,7 +608,7 @@ def beam_search(
 
     Args:
         model: an encoder-decoder ``Transformer`` in eval mode, or one prepared by
-            ``aiayn.engine.prepare``.
+            ``aiayn.engine.prepare``, or an ``Ensemble`` of them.
         src: ``(B, S)`` source ids padded with ``config.pad_id``.
         beam: K; ``beam=1`` gives the greedy output.
         alpha: the length penalty's α (0: plain log-probability).
@@ -645,7 +654,7 @@ def _check_max_len_a(config: ModelConfig, max_len_a: int) -> None:
 
 @torch.no_grad()
 def translate_ids(
-    model: Transformer,
+    model: Transformer | Ensemble,
     sources: Sequence[Sequence[int]],
     max_tokens: int = 4096,
     max_len_a: int = 50,
@@ -703,7 +712,7 @@ def translate_ids(
 
 
 def translate_continuous(
-    model: Transformer,
+    model: Transformer | Ensemble,
     feed: Callable[[int], tuple[Sequence[int], Sequence[Sequence[int]]] | None],
     max_len_a: int = 50,
     beam: int = 1,

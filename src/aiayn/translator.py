@@ -77,6 +77,8 @@ class Translator:
             raise ValueError("int8 quantization runs on the CPU only")
         if not isinstance(directory, (str, Path)):
             directories = [Path(d) for d in directory]
+            if not directories:
+                raise ValueError("no model directory given")
             if len(directories) > 1:
                 ensemble = _load_ensemble(directories, device)
                 sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
@@ -252,7 +254,13 @@ def _load_ensemble(directories: list[Path], device: str | torch.device) -> Ensem
                 f"{directory} has another tokenizer than {directories[0]}: the models of an ensemble must share one "
                 f"(train them with --train.tokenizer {directories[0]})"
             )
-    return Ensemble([Transformer.from_pretrained(d, device=device) for d in directories])
+    models = [Transformer.from_pretrained(d, device=device) for d in directories]
+    try:
+        return Ensemble(models)
+    except ValueError as e:  # name the directories, not member numbers
+        for i, d in enumerate(directories):
+            e = ValueError(str(e).replace(f"member {i}", str(d)))
+        raise e from None
 
 
 def _read(path: Path) -> bytes:

@@ -274,3 +274,4 @@ def test_train_tokenizer_gives_runs_one_vocabulary_that_ensembles(tmp_path, corp
     missing = parse_overrides(["--train.tokenizer", str(tmp_path / "none")])
     with pytest.raises(FileNotFoundError, match=r"none/tokenizer.json: no such file"):
         train(RunConfig.from_yaml(config, missing), tmp_path / "c", progress=False, log=lambda _: None)
+    assert not (tmp_path / "c").exists()  # refused before anything is written

@@ -224,7 +224,11 @@ def save_tokenizer(tokenizer: Any, directory: str | Path) -> None:
 
 
 def tokenizer_files(directory: str | Path) -> tuple[str, ...]:
-    """The names of the tokenizer files that the model directory ``directory`` needs."""
-    from .sentencepiece import SOURCE_SPM, TARGET_SPM, VOCAB_NAME, SentencePieceTokenizer
+    """The names of the tokenizer files that the model directory ``directory`` needs (a
+    converted Marian model's ``target_vocab.json`` where it has one: separate vocabularies)."""
+    from .sentencepiece import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB_NAME, VOCAB_NAME, SentencePieceTokenizer
 
-    return (SOURCE_SPM, TARGET_SPM, VOCAB_NAME) if SentencePieceTokenizer.is_in(directory) else (TOKENIZER_NAME,)
+    if not SentencePieceTokenizer.is_in(directory):
+        return (TOKENIZER_NAME,)
+    separate = (Path(directory) / TARGET_VOCAB_NAME).is_file()
+    return (SOURCE_SPM, TARGET_SPM, VOCAB_NAME, *((TARGET_VOCAB_NAME,) if separate else ()))

@@ -176,6 +176,13 @@ def train(
         say(f"{out}: no checkpoint to resume from; starting afresh")
     if not resume and list_checkpoints(out):
         raise ValueError(f"{out} already holds checkpoints: continue it with --resume, or choose another --out")
+    given = None  # train.tokenizer's, read before anything is written
+    if checkpoint is None and cfg.tokenizer is not None:
+        given = load_tokenizer(cfg.tokenizer)
+        if not isinstance(given, Tokenizer):  # the model's special ids and sizes come from aiayn's BPE
+            raise ValueError(
+                f"train.tokenizer: {cfg.tokenizer} holds a Marian model's tokenizer; fine-tune it with train.init"
+            )
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
@@ -192,8 +199,8 @@ def train(
     elif cfg.init is not None:
         tokenizer = load_tokenizer(cfg.init)
         say(f"fine-tuning {cfg.init}: its tokenizer, config and weights")
-    elif cfg.tokenizer is not None:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+    elif given is not None:
+        tokenizer = given
         say(f"tokenizer: {cfg.tokenizer}'s, {tokenizer.vocab_size:,} tokens (train.tokenizer; no BPE learnt)")
     else:
         bpe_raw = train_raw + bpe_phrases
@@ -209,7 +216,7 @@ def train(
         objective.merge_parents = tokenizer.merge_parents()
     if run.data.phrase_tag and tokenizer.phrase_id is None:
         given = cfg.init or cfg.tokenizer
-        made = "made before it" if given is None else f"{given}'s; set data.phrase_tag false"
+        made = "made before it" if given is None else "set data.phrase_tag false, or take a tokenizer made with the tag"
         raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or given} has no <phrase> token ({made})")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
     say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
