@@ -17,7 +17,14 @@ With ``--compare compile`` they are fp32 eager (the trainer's default), fp32 und
 ``torch.compile(model, dynamic=True)`` (``train.compile``) and bf16 under both; the table adds
 the seconds the warm-up steps took, compiling included.
 
+With ``--profile N`` each variant then takes N more steps under ``torch.profiler``: the rows add
+the seconds of the matrix products (``aten::mm``, ``addmm``, ``bmm``) and of the copies
+(``aten::copy_``: autocast's casts among them) as fractions of the profiled CPU time, and the
+products' speed-up over fp32's; with them, the most a faster product could give
+(1 / (1 - products)) is read off the table.
+
     python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile]
+        [--profile 20]
 """
 
 from __future__ import annotations
@@ -51,6 +58,25 @@ def useful_flops(model: Transformer, batch) -> int:
     return 6 * (encoder * batch.num_src_tokens + decoder * batch.num_tokens)
 
 
+def profile_steps(step, batches: list) -> dict[str, float]:
+    """Seconds of self CPU time under ``torch.profiler`` while ``step`` takes ``batches``: in
+    all, in the matrix products and in ``aten::copy_`` (none: nothing profiled)."""
+    if not batches:
+        return {"total": 0.0, "products": 0.0, "copies": 0.0}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            step(batch)
+    events = prof.key_averages()
+    seconds = {e.key: e.self_cpu_time_total / 1e6 for e in events}
+    return {
+        "total": sum(seconds.values()),
+        "products": sum(seconds.get(k, 0.0) for k in ("aten::mm", "aten::addmm", "aten::bmm")),
+        "copies": seconds.get("aten::copy_", 0.0),
+    }
+
+
 def ding_batches(vocab: int, max_tokens: int, count: int) -> tuple[list, int]:
     src = (DATA / "train.de").read_text(encoding="utf-8").splitlines()
     tgt = (DATA / "train.en").read_text(encoding="utf-8").splitlines()
@@ -81,6 +107,7 @@ def main() -> None:
         help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam; "
         "compile: fp32 eager against fp32 and bf16 under torch.compile",
     )  # fmt: skip
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps per variant (0: off)")
     args = parser.parse_args()
     device = torch.device("cpu")
     print("measuring the matmul peaks ...", flush=True)
@@ -136,6 +163,7 @@ def main() -> None:
                     runs[name][3][0] += time.perf_counter() - t0
                     runs[name][3][1] += batch.num_positions
                     runs[name][3][2] += useful_flops(runs[name][0], batch)
+        profiles = {name: profile_steps(lambda b, name=name: step(name, b), timed[: args.profile]) for name in runs}
         rate = {name: r[3][1] / r[3][0] for name, r in runs.items()}
         steps = len(timed)
         params = sum(p.numel() for p in runs["fp32"][0].parameters())
@@ -149,6 +177,13 @@ def main() -> None:
                     "warmup_s": round(runs[name][3][3], 1),
                 }
             )  # fmt: skip
+            if args.profile:
+                prof, base = profiles[name], profiles[next(iter(runs))]
+                rows[-1].update(
+                    profiled_s=round(prof["total"], 2), products=round(prof["products"] / prof["total"], 3),
+                    copies=round(prof["copies"] / prof["total"], 3),
+                    products_speedup=round(base["products"] / prof["products"], 2),
+                )  # fmt: skip
         short = [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
                  ("ratio_vs_fp32", "× fp32")]  # fmt: skip
         print(table(rows[-len(runs) :], short), flush=True)
@@ -164,6 +199,9 @@ def main() -> None:
     columns = [("d_model", "d_model"), ("params", "parameters"), ("precision", "precision"),
                ("tokens_per_s", "tokens/s"), ("steps_per_s", "steps/s"), ("ratio_vs_fp32", "× fp32"),
                ("mfu", "of its precision's peak"), ("warmup_s", f"first {args.block} steps, s")]  # fmt: skip
+    if args.profile:
+        columns += [("profiled_s", f"profiled CPU s ({args.profile} steps)"), ("products", "products"),
+                    ("copies", "copies"), ("products_speedup", "products × fp32")]  # fmt: skip
     print(table(rows, columns))
     print(f"\nwritten to {path}")
 
