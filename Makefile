@@ -12,7 +12,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 DING := /usr/share/trans/de-en
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
-.PHONY: install ding browser demo test lint bench clean copy-demo
+.PHONY: install ding browser demo ensemble test lint bench clean copy-demo
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,20 @@ demo: install ding data/ding/train.de
 	$(AIAYN) train --config configs/ding.yaml --out runs/ding
 	$(AIAYN) evaluate --model runs/ding/model --src data/ding/test.de --ref data/ding/test.en --alpha 1.5 --samples 8
 	$(AIAYN) plot runs/ding
+
+# More time, after `make demo`: SEEDS more models of its preset, each reading and writing with the
+# demo's tokenizer (about 15 minutes each), then the test split scored by all of them as one
+# ensemble, the mean of their probabilities (docs/benchmarks.md, "Ensembles"). ENSEMBLE_ARGS go to
+# each training run (e.g. --train.max_time 1680).
+SEEDS ?= 2 3
+ENSEMBLE_ARGS ?=
+ensemble: install data/ding/train.de
+	@test -f runs/ding/model/tokenizer.json || { echo "make ensemble adds to the demo's model: run make demo first" >&2; exit 1; }
+	for s in $(SEEDS); do \
+		rm -rf runs/ding-seed$$s && \
+		$(AIAYN) train --config configs/ding.yaml --out runs/ding-seed$$s --train.seed $$s --train.tokenizer runs/ding/model $(ENSEMBLE_ARGS) || exit 1; \
+	done
+	$(AIAYN) evaluate --model runs/ding/model $(foreach s,$(SEEDS),--model runs/ding-seed$(s)/model) --src data/ding/test.de --ref data/ding/test.en --alpha 1.5 --samples 8
 
 copy-demo: install
 	$(AIAYN) copy-task
