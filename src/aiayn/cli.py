@@ -327,7 +327,7 @@ def _attention_kinds(text: str) -> list[str]:
 
 def _average(args: argparse.Namespace) -> int:
     from .average import average_checkpoints
-    from .data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_files
+    from .data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_contents, tokenizer_files
 
     model = average_checkpoints(args.checkpoints)
     # the checkpoints' tokenizers must agree: the averaged model reads ids the same way
@@ -335,7 +335,7 @@ def _average(args: argparse.Namespace) -> int:
     for path in args.checkpoints:
         names = tokenizer_files(path)
         if all((Path(path) / name).is_file() for name in names):
-            contents = [(Path(path) / name).read_bytes() for name in names]
+            contents = tokenizer_contents(path)
             if tokenizer is None:
                 tokenizer, first, files = load_tokenizer(path), Path(path) / names[0], contents
             elif contents != files:

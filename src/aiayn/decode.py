@@ -207,13 +207,15 @@ class Ensemble(nn.Module):
     ``translate_continuous`` an ensemble takes new sentences only once its batch has ended.
     """
 
-    def __init__(self, models: Sequence[Transformer]) -> None:
+    def __init__(self, models: Sequence[Transformer], names: Sequence[Any] | None = None) -> None:
+        """``names``: what errors call the members (their directories); by default "member i"."""
         super().__init__()
+        names = [f"member {i}" for i in range(len(models))] if names is None else [str(n) for n in names]
         if not models:
             raise ValueError("an ensemble needs at least one model")
         for i, model in enumerate(models):
             if not isinstance(model, Transformer):
-                raise TypeError(f"ensemble member {i} is a {type(model).__name__}, not an encoder-decoder Transformer")
+                raise TypeError(f"ensemble {names[i]} is a {type(model).__name__}, not an encoder-decoder Transformer")
         first = models[0].config
         same = ("vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id")
         devices = {next(m.parameters()).device for m in models}
@@ -221,7 +223,7 @@ class Ensemble(nn.Module):
             differ = [f"{k} {getattr(model.config, k)} != {getattr(first, k)}" for k in same
                       if getattr(model.config, k) != getattr(first, k)]  # fmt: skip
             if differ:
-                raise ValueError(f"ensemble member {i} does not match member 0: {', '.join(differ)}")
+                raise ValueError(f"ensemble {names[i]} does not match {names[0]}: {', '.join(differ)}")
         if len(devices) > 1:
             raise ValueError(f"the members of an ensemble must be on one device, got {sorted(map(str, devices))}")
         self.members = nn.ModuleList(models)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
+from .data.tokenizer import Tokenizer, load_tokenizer, tokenizer_contents
 from .decode import Ensemble, translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
@@ -246,25 +246,11 @@ class Translator:
 def _load_ensemble(directories: list[Path], device: str | torch.device) -> Ensemble:
     """The models of ``directories`` as an ``Ensemble``, after checking that each holds the same
     tokenizer files as the first (the members read and write the same ids)."""
-    files = tokenizer_files(directories[0])
-    first = {name: _read(directories[0] / name) for name in files}
+    first = tokenizer_contents(directories[0])
     for directory in directories[1:]:
-        if tokenizer_files(directory) != files or any(_read(directory / n) != first[n] for n in files):
+        if tokenizer_contents(directory) != first:
             raise ValueError(
                 f"{directory} has another tokenizer than {directories[0]}: the models of an ensemble must share one "
                 f"(train them with --train.tokenizer {directories[0]})"
             )
-    models = [Transformer.from_pretrained(d, device=device) for d in directories]
-    try:
-        return Ensemble(models)
-    except ValueError as e:  # name the directories, not member numbers
-        for i, d in enumerate(directories):
-            e = ValueError(str(e).replace(f"member {i}", str(d)))
-        raise e from None
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the tokenizer file ({e.strerror or e})") from None
+    return Ensemble([Transformer.from_pretrained(d, device=device) for d in directories], names=directories)

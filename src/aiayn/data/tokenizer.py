@@ -28,7 +28,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 __all__ = [
     "Tokenizer", "SPECIAL_TOKENS", "PHRASE_TOKEN", "TOKENIZER_NAME",
-    "load_tokenizer", "save_tokenizer", "tokenizer_files",
+    "load_tokenizer", "save_tokenizer", "tokenizer_contents", "tokenizer_files",
 ]  # fmt: skip
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
@@ -232,3 +232,15 @@ def tokenizer_files(directory: str | Path) -> tuple[str, ...]:
         return (TOKENIZER_NAME,)
     separate = (Path(directory) / TARGET_VOCAB_NAME).is_file()
     return (SOURCE_SPM, TARGET_SPM, VOCAB_NAME, *((TARGET_VOCAB_NAME,) if separate else ()))
+
+
+def tokenizer_contents(directory: str | Path) -> dict[str, bytes]:
+    """The bytes of each of the model directory's tokenizer files (``tokenizer_files``): equal for
+    two directories iff they read and write the same ids. An unreadable file is an error naming it."""
+    contents = {}
+    for name in tokenizer_files(directory):
+        try:
+            contents[name] = (Path(directory) / name).read_bytes()
+        except OSError as e:
+            raise ValueError(f"{Path(directory) / name}: cannot read the tokenizer file ({e.strerror or e})") from None
+    return contents

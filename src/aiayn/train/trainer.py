@@ -215,9 +215,9 @@ def train(
             raise ValueError("train.bpe_dropout needs aiayn's BPE tokenizer (its merges), not a Marian model's")
         objective.merge_parents = tokenizer.merge_parents()
     if run.data.phrase_tag and tokenizer.phrase_id is None:
-        given = cfg.init or cfg.tokenizer
-        made = "made before it" if given is None else "set data.phrase_tag false, or take a tokenizer made with the tag"
-        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or given} has no <phrase> token ({made})")
+        src = cfg.init or cfg.tokenizer
+        made = "made before it" if src is None else "set data.phrase_tag false, or take a tokenizer made with the tag"
+        raise ValueError(f"data.phrase_tag: the tokenizer of {checkpoint or src} has no <phrase> token ({made})")
     train_examples, too_long = objective.encode(tokenizer, train_raw, run.data.max_len)
     say(f"train: {len(train_examples):,} {unit}; skipped {too_long:,} empty or longer than {run.data.max_len} tokens")
     dev_examples, dev_too_long = objective.encode(tokenizer, dev_raw, run.data.max_len)
