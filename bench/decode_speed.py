@@ -7,6 +7,8 @@
      and int8, greedy and beam 4, in the same alternating rounds; ``--skip-ctranslate2`` leaves it out;
 (iv) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
      BLEU (the int8 BLEU change); its decoders alternate too (at most 3 rounds).
+With ``--bf16``, (ii) and (iv) add the paper's model with its weights in bfloat16 (unprepared: the
+engine is float32's), the rows that tell whether bf16 pays for decoding on this CPU.
 aiayn's fp32 rows come three times, the same search in the same run: on the engine as
 configured (``aiayn.engine.prepare``: the flat decoding step, the C++ kernels, products by oneDNN
 on packed weights where torch runs AVX-512 kernels, else by MKL), on the paper's model unprepared
@@ -46,6 +48,7 @@ speed-up is CTranslate2's time over aiayn's (fp32 against fp32, int8 against int
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import importlib.util
 import json
@@ -248,6 +251,7 @@ def main() -> None:
     parser.add_argument("--skip-marian", action="store_true", help="no Marian generate rows")
     parser.add_argument("--skip-ctranslate2", action="store_true", help="no CTranslate2 rows")
     parser.add_argument("--sentences", type=int, default=SENTENCES, help="source sentences (default %(default)s)")
+    parser.add_argument("--bf16", action="store_true", help="add the paper's model in bfloat16 to (ii) and (iv)")
     args = parser.parse_args()
     SENTENCES = args.sentences
     if not args.skip_marian and importlib.util.find_spec("transformers") is None:
@@ -299,6 +303,10 @@ def main() -> None:
     # the same searches on the paper's model, and on the engine with MKL's products
     runs["module greedy"] = lambda: greedy_decode(paper, src, max_len=L, min_len=L)
     runs["module beam"] = lambda: beam_search(paper, src, beam=4, max_len=L, min_len=L)
+    if args.bf16:
+        bf16 = copy.deepcopy(paper).to(torch.bfloat16)
+        runs["bf16 greedy"] = lambda: greedy_decode(bf16, src, max_len=L, min_len=L)
+        runs["bf16 beam"] = lambda: beam_search(bf16, src, beam=4, max_len=L, min_len=L)
     if ONEDNN:
         mkl = engine.prepare(paper, options=EngineOptions(gemm="mkl"))
         runs["mkl greedy"] = lambda: greedy_decode(mkl, src, max_len=L, min_len=L)
@@ -325,7 +333,7 @@ def main() -> None:
     vs_ct2: list[dict] = []
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
         names = (f"Marian {kind}", f"ct2 fp32 {kind}", kind, f"module {kind}", f"mkl {kind}", f"int8 {kind}",
-                 f"ct2 int8 {kind}")  # fmt: skip
+                 f"ct2 int8 {kind}", f"bf16 {kind}")  # fmt: skip
         times = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # each round's seconds
         peer = times.get(f"Marian {kind}")
         if peer is not None:
@@ -345,6 +353,8 @@ def main() -> None:
         if f"mkl {kind}" in times:
             row(f"aiayn {title} (fp32, MKL's products)", times[f"mkl {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", times[f"int8 {kind}"], beam, peer=peer)
+        if f"bf16 {kind}" in times:
+            row(f"aiayn {title} (bf16 weights, the paper's model unprepared)", times[f"bf16 {kind}"], beam, peer=peer)
     if ct2:
         for process in ct2.values():
             process.close()
@@ -384,9 +394,9 @@ CT2_COLUMNS = [
 
 def trained(args: argparse.Namespace) -> dict:
     """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4. The
-    decoders of a search (fp32 on the engine, fp32 on the paper's model, int8, and fp32 with
-    MKL's products where the default is oneDNN's) alternate, as in (ii); BLEU is scored on each
-    one's first (warm-up) output."""
+    decoders of a search (fp32 on the engine, fp32 on the paper's model, int8, fp32 with MKL's
+    products where the default is oneDNN's, and with ``--bf16`` the paper's model in bfloat16)
+    alternate, as in (ii); BLEU is scored on each one's first (warm-up) output."""
     from aiayn import Translator
     from aiayn.evaluate import score_translations
 
@@ -400,6 +410,9 @@ def trained(args: argparse.Namespace) -> dict:
         "flat, MKL's products": Translator.from_pretrained(args.model, options=EngineOptions(gemm="mkl")),
     }
     translators["modules"].model = Transformer.from_pretrained(args.model).eval()  # the paper's model, unprepared
+    if args.bf16:
+        translators["bf16"] = Translator.from_pretrained(args.model)
+        translators["bf16"].model = Transformer.from_pretrained(args.model).eval().to(torch.bfloat16)
     rounds = min(args.repeats, 3)
     out = []
     for beam in (1, 4):
@@ -407,13 +420,15 @@ def trained(args: argparse.Namespace) -> dict:
         decoders = {"fp32 flat": (None, "flat"), "fp32 modules": (None, "modules"), "int8 flat": ("int8", "int8")}
         if ONEDNN:
             decoders["fp32 mkl"] = (None, "flat, MKL's products")
+        if args.bf16:
+            decoders["bf16 modules"] = ("bf16", "bf16")
         fns = {
             name: _decoder(translators[which], sources_text, beam, hypotheses, name)
             for name, (_, which) in decoders.items()
         }
         times = alternating(fns, rounds)
         for name, (quantize, step) in decoders.items():
-            step = "flat" if step == "int8" else step
+            step = {"int8": "flat", "bf16": "modules"}.get(step, step)
             scores = score_translations(hypotheses[name], references)
             seconds = median(times[name])
             out.append({
