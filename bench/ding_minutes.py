@@ -100,8 +100,9 @@ def plot(rows: list[dict], args: argparse.Namespace, out: Path) -> None:
         ylabel=f"{args.split} BLEU (beam {args.beam}, α {args.alpha})",
         title="what minutes of training buy: one model or an ensemble",
     )
+    ax.set_xlim(0, 1.4 * max(r["minutes"] for r in rows))  # room for the labels
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
