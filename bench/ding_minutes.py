@@ -33,7 +33,8 @@ def training_seconds(run: Path) -> float:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"{path}: no such file (is {run} a training run?)")
-    finals = [json.loads(line) for line in path.read_text().splitlines() if '"kind": "final"' in line]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    finals = [row for row in rows if row.get("kind") == "final"]
     if not finals:
         raise SystemExit(f"{path}: no final row (the run did not finish)")
     return float(finals[-1]["elapsed"])
