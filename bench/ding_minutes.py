@@ -15,7 +15,6 @@ table, writes ``bench/results/ding_minutes.json`` and plots dev BLEU against min
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,18 +24,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import Translator
 from aiayn.evaluate import score_translations
+from aiayn.viz import read_metrics
 from common import machine, table, write_result
 
 
 def training_seconds(run: Path) -> float:
     """The seconds of training a run took: its metrics.jsonl's ``final`` row."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no such file (is {run} a training run?)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        rows = read_metrics(run)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(str(e)) from None
     finals = [row for row in rows if row.get("kind") == "final"]
     if not finals:
-        raise SystemExit(f"{path}: no final row (the run did not finish)")
+        raise SystemExit(f"{run / 'metrics.jsonl'}: no final row (the run did not finish)")
     return float(finals[-1]["elapsed"])
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .model.transformer import Attention
 
 __all__ = [
+    "read_metrics",
     "plot_run",
     "plot_runs",
     "ATTENTION_KINDS",
@@ -43,7 +44,8 @@ DPI = 100  # of the attention grid's PNG
 MAX_PIXELS = 2**28  # the largest attention grid drawn (1 GB as RGBA); larger asks for a smaller selection
 
 
-def _records(run_dir: Path) -> list[dict]:
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl, in order (a bad line names the file and line)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a training run directory?)")
@@ -82,7 +84,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
-    records = _records(run_dir)
+    records = read_metrics(run_dir)
     train = [r for r in records if r.get("kind") == "train"]
     dev = [r for r in records if r.get("kind") == "dev"]
     final = [r for r in records if r.get("kind") == "final"]
@@ -127,7 +129,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> 
     if given."""
     from matplotlib.figure import Figure
 
-    runs = [(Path(run_dir), _records(Path(run_dir))) for run_dir in run_dirs]
+    runs = [(Path(run_dir), read_metrics(Path(run_dir))) for run_dir in run_dirs]
     over_time = any(r.get("kind") == "dev_bleu" for _, records in runs for r in records)
     fig = Figure(figsize=(16 if over_time else 8, 5), layout="tight")
     axes = fig.subplots(1, 2 if over_time else 1)
