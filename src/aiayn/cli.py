@@ -426,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="prepare a corpus").add_subparsers(dest="corpus", required=True)
     ding = data.add_parser("ding", help="the Ding German-English dictionary's sentence pairs, split train/dev/test")
-    ding.add_argument("--out", required=True, help="directory for {train,dev,test,phrases}.{de,en}")
+    ding.add_argument("--out", required=True, help="directory for {train,dev,test,phrases}.{de,en} and nouns.tsv")
     ding.add_argument(
         "--ding-path", help="the Ding de-en file (default: $AIAYN_DING_PATH, /usr/share/trans/de-en, download)"
     )

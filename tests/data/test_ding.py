@@ -195,8 +195,13 @@ def test_prepare_writes_parallel_files_and_stats(fixture_file, tmp_path):
     assert stats["splits"]["test"]["german_sentences"] == 2 and stats["splits"]["dev"]["german_sentences"] == 2
     assert sum(s["pairs"] for s in stats["splits"].values()) == len(EXPECTED_SENTENCES)
     assert stats["skipped"] == EXPECTED_SKIPPED
+    assert stats["nouns"] == 7
+    assert (out / "nouns.tsv").read_text(encoding="utf-8") == (
+        "Aal\teel\tm\t2\nAale\teels\tpl\t2\nStraße\tstreet\tf\t2\nStraßen\tstreets\tpl\t2\n"
+        "Handbuch\tmanual\tn\t2\nDunkel\tdark\tn\t2\nKram\tstuff\tm\t2\n"
+    )  # Fuß's line has 3 German alternatives to 2; the Latin-1 Fuß line is not UTF-8
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"{n}.{s}" for n in ("train", "dev", "test", "phrases") for s in ("de", "en")] + ["stats.json"]
+        [f"{n}.{s}" for n in ("train", "dev", "test", "phrases") for s in ("de", "en")] + ["nouns.tsv", "stats.json"]
     )  # no temporary files left behind
 
 

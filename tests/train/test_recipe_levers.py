@@ -1,6 +1,7 @@
 """The trainer's recipe levers end to end, each on a few steps of a tiny model: ``data.phrase_tag``
 (the <phrase> tag on dictionary pairs' sources, never produced), ``train.word_dropout`` and
-``train.bpe_dropout`` (training batches only), and ``train.amp`` (the precision chosen, logged,
+``train.bpe_dropout`` (training batches only), ``data.substitute`` (a noun of Ding swapped on both
+sides of sentence pairs, training batches only), and ``train.amp`` (the precision chosen, logged,
 checkpointed, kept on resume; the probe leaving the run as it would have been). The corpus of
 test_trainer.py."""
 
@@ -15,7 +16,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.train import objectives
 from aiayn.train import precision as precision_module
 from aiayn.train import trainer as trainer_module
-from aiayn.train.config import DataConfig, RunConfig, parse_overrides
+from aiayn.train.config import DataConfig, RunConfig, TrainConfig, parse_overrides
 from aiayn.train.objectives import Translation
 from aiayn.train.trainer import train
 
@@ -216,19 +217,175 @@ def test_bpe_dropout_batches_each_epochs_split_examples_by_their_lengths(tmp_pat
         assert [s for s, _ in examples] == [tokenizer.encode(text) for text in de]
 
 
-def test_bpe_dropout_with_resampled_phrases_resumes_exactly(tmp_path, corpus):
-    """Stopped at step 5 and resumed, a run with BPE-dropout, a fresh draw of phrase pairs each
-    epoch and two batches a step logs the uninterrupted run's losses, step for step."""
-    write_entries(corpus)
-    config = write_config(tmp_path, corpus, max_steps=10, checkpoint_every=None, eval_every=100, amp=False)
-    levers = ["--train.bpe_dropout", "0.3", "--train.accumulate", "2",
-              "--data.phrases", "1.0", "--data.resample_phrases", "true"]  # fmt: skip
+def resumes_exactly(tmp_path: Path, corpus: Path, levers: list[str], max_steps: int, stop: int) -> None:
+    """Stopped at ``stop`` and resumed, a run with ``levers`` logs the uninterrupted run's losses,
+    step for step, over at least two epochs."""
+    config = write_config(tmp_path, corpus, max_steps=max_steps, checkpoint_every=None, eval_every=100, amp=False)
     full = RunConfig.from_yaml(config, parse_overrides(levers))
     assert train(full, tmp_path / "full", **QUIET).epoch >= 2
-    first = RunConfig.from_yaml(config, parse_overrides([*levers, "--train.max_steps", "5"]))
+    first = RunConfig.from_yaml(config, parse_overrides([*levers, "--train.max_steps", str(stop)]))
     train(first, tmp_path / "parts", **QUIET)
     train(full, tmp_path / "parts", resume=True, **QUIET)
     assert losses(tmp_path / "parts") == losses(tmp_path / "full")
+
+
+def test_bpe_dropout_with_resampled_phrases_resumes_exactly(tmp_path, corpus):
+    """BPE-dropout, a fresh draw of phrase pairs each epoch and two batches a step."""
+    write_entries(corpus)
+    levers = ["--train.bpe_dropout", "0.3", "--train.accumulate", "2",
+              "--data.phrases", "1.0", "--data.resample_phrases", "true"]  # fmt: skip
+    resumes_exactly(tmp_path, corpus, levers, max_steps=10, stop=5)
+
+
+# data.substitute -----------------------------------------------------------------------------------
+
+NOUNS = {"Hund": ("dog", "m"), "Katze": ("cat", "f"), "Pferd": ("horse", "n"),  # in the framed pairs
+         "Kater": ("tomcat", "m"), "Vogel": ("bird", "m"), "Maus": ("mouse", "f"), "Schaf": ("sheep", "n")}  # fmt: skip
+ARTICLE = {"m": "den", "f": "die", "n": "das"}
+
+
+def write_noun_corpus(root: Path, n: int = 60) -> tuple[set, set]:
+    """``nouns.tsv`` with the seven NOUNS, and train/dev pairs, each ending in a marker of its
+    own line (``x7``): framed pairs "er sieht den Hund heute x0" :: "he sees the dog today x0"
+    with the nouns Hund, Katze and Pferd, and (every fourth line) pairs "wo ist der Kater x3" ::
+    "where is it x3" that align no noun; the first training pair is too long for max_len 32.
+    Returns the framed and the other training pairs."""
+    framed, other = set(), set()
+    pairs = [(" ".join(["sehr"] * 40) + " Hund", " ".join(["very"] * 40) + " dog")]  # skipped: too long
+    for i in range(n):
+        noun = ["Hund", "Katze", "Pferd"][i % 3]
+        word, gender = NOUNS[noun]
+        if i % 4 == 3:
+            pair = (f"wo ist der {list(NOUNS)[i % 7]} x{i}", f"where is it x{i}")
+            other.add(pair)
+        else:
+            pair = (f"er sieht {ARTICLE[gender]} {noun} heute x{i}", f"he sees the {word} today x{i}")
+            framed.add(pair)
+        pairs.append(pair)
+    for split, chosen in (("train", pairs), ("dev", pairs[1:9])):
+        (root / f"{split}.de").write_text("".join(de + "\n" for de, _ in chosen))
+        (root / f"{split}.en").write_text("".join(en + "\n" for _, en in chosen))
+    (root / "nouns.tsv").write_text("".join(f"{d}\t{e}\t{g}\t3\n" for d, (e, g) in NOUNS.items()))
+    return framed, other
+
+
+def check_framed(pair: tuple[str, str]) -> str:
+    """A framed pair's noun, after checking that its article, noun and translation agree."""
+    _, _, article, noun, _, marker = pair[0].split()
+    word, gender = NOUNS[noun]
+    assert article == ARTICLE[gender]
+    assert pair[1] == f"he sees the {word} today {marker}"
+    return noun
+
+
+@pytest.mark.parametrize("german_first", [True, False])
+def test_substitution_remakes_each_example_from_its_own_pair(tmp_path, german_first):
+    """Each remade example is its own line's pair (the marker; the over-long first line skipped
+    by the encoding, not shifting the rest) with, at data.substitute 1.0, every framed pair's
+    noun swapped for another of its gender on both sides, the other pairs as they were; the
+    same with English as the source (German is found on the target side)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    framed, other = write_noun_corpus(root)
+    raw = list(zip((root / "train.de").read_text().splitlines(), (root / "train.en").read_text().splitlines(),
+                   strict=True))  # fmt: skip
+    languages = {} if german_first else {"src_lang": "en", "tgt_lang": "de"}
+    raw = raw if german_first else [pair[::-1] for pair in raw]
+    data = DataConfig(dir=str(root), substitute=1.0, max_len=32, **languages)
+    tokenizer = Tokenizer.train([text for pair in raw for text in pair], 300)
+    objective = Translation()
+    examples, skipped = objective.encode(tokenizer, raw, data.max_len)
+    assert skipped == 1 and len(examples) == len(raw) - 1
+    lexicon = trainer_module._nouns(data)
+    remake = trainer_module._substitution(lexicon, examples, raw, tokenizer, objective, data, 0, lambda _: None)
+    for epoch in (0, 1):
+        remade = remake(list(range(len(examples))), epoch)
+        changed = 0
+        for (s, t), before in zip(remade, raw[1:], strict=True):
+            pair = (tokenizer.decode(s), tokenizer.decode(t))
+            pair, before = (pair, before) if german_first else (pair[::-1], before[::-1])
+            if before in other:
+                assert pair == before
+                continue
+            assert pair[0].split()[-1] == before[0].split()[-1]  # its own line
+            noun, was = check_framed(pair), before[0].split()[3]
+            assert NOUNS[noun][1] == NOUNS[was][1] and noun != was
+            changed += 1
+        assert changed == len(framed)
+    assert remake(list(range(len(examples))), 0) == remake(list(range(len(examples))), 0)  # a function of the epoch
+
+
+def test_substitute_changes_sentence_pairs_in_training_batches_only(tmp_path, monkeypatch):
+    """Trained with data.substitute 1.0 and the preset's phrase pairs (drawn afresh each epoch,
+    tagged): the framed pairs hold the nouns no framed line has, and only those, agreeing on both
+    sides; the tagged
+    phrase pairs, the other pairs and the dev batches are the corpus's own."""
+    root = tmp_path / "data"
+    root.mkdir()
+    framed, other = write_noun_corpus(root)
+    write_entries(root)
+    phrases = set(zip((root / "phrases.de").read_text().splitlines(), (root / "phrases.en").read_text().splitlines(),
+                      strict=True))  # fmt: skip
+    config = write_config(tmp_path, root, max_steps=12, checkpoint_every=None, eval_every=6, amp=False)
+    levers = ["--data.substitute", "1.0", "--data.phrases", "0.5", "--data.resample_phrases", "true",
+              "--data.phrase_tag", "true"]  # fmt: skip
+    calls = record_collates(monkeypatch)
+    train(RunConfig.from_yaml(config, parse_overrides(levers)), tmp_path / "run", **QUIET)
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+    nouns, tagged = set(), 0
+    for examples, phase, _ in calls:
+        for s, t in examples:
+            pair = tokenizer.decode(s), tokenizer.decode(t)
+            if phase == "dev":
+                assert pair in framed | other
+            elif s[0] == PHRASE:
+                assert pair in phrases
+                tagged += 1
+            elif pair[0].startswith("wo ist"):
+                assert pair in other
+            else:
+                nouns.add(check_framed(pair))
+    assert tagged > 10
+    assert nouns == {"Kater", "Vogel", "Maus", "Schaf"}  # at 1.0 every framed pair's noun is swapped
+
+
+def test_substitute_resumes_exactly(tmp_path):
+    """data.substitute with a fresh draw of phrase pairs each epoch (each epoch's swaps are a
+    function of the seed and the epoch)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    write_noun_corpus(root)
+    write_entries(root)
+    levers = ["--data.substitute", "0.5", "--data.phrases", "0.5", "--data.resample_phrases", "true"]
+    resumes_exactly(tmp_path, root, levers, max_steps=20, stop=9)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"substitute": 1.5}, "between 0 and 1"),
+        ({"substitute": 0.5, "format": "tsv"}, "nouns.tsv"),
+        ({"substitute": 0.5, "dir": None}, "nouns.tsv"),
+        ({"substitute": 0.5, "src_lang": "fr"}, "not fr-en"),
+        ({"substitute": 0.5, "phrases": 0.5}, "resample_phrases true"),
+    ],
+)
+def test_substitute_is_checked(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**{"dir": "data", **fields})
+
+
+def test_substitute_with_bpe_dropout_or_without_nouns_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="pick one"):
+        RunConfig(data=DataConfig(dir="data", substitute=0.5), train=TrainConfig(max_steps=1, bpe_dropout=0.1))
+    root = tmp_path / "data"
+    root.mkdir()
+    write_noun_corpus(root)
+    (root / "nouns.tsv").unlink()
+    config = write_config(tmp_path, root, max_steps=2, checkpoint_every=None, eval_every=100, amp=False)
+    with pytest.raises(FileNotFoundError, match=r"nouns\.tsv not found; aiayn data ding"):
+        train(RunConfig.from_yaml(config, parse_overrides(["--data.substitute", "0.5"])), tmp_path / "run", **QUIET)
+    assert not (tmp_path / "run" / "tokenizer.json").exists()  # refused before the BPE is learnt
 
 
 # train.amp ------------------------------------------------------------------------------------------

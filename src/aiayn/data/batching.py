@@ -199,6 +199,7 @@ class RemadeBatcher:
     by the lengths they then have: batched by their old lengths, BPE-dropout 0.1 padded 21.6% of
     the positions of Ding's batches, against 4.9% without it.
 
+    ``examples``: what ``remake`` starts from (the examples, or their indices);
     ``members(epoch)``: the indices of the epoch's examples (every one, or a ResampledBatcher's
     draw); ``remake(examples, epoch)``: those examples remade, a function of the epoch alone (a
     resumed run remakes the same); ``lengths(examples)``: their (source, target) positions.

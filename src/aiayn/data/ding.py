@@ -37,6 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .substitute import format_nouns, noun_lexicon
+
 __all__ = [
     "DING_URLS",
     "DingCorpus",
@@ -427,7 +429,8 @@ def prepare_ding(
 ) -> dict:
     """Find, parse and split Ding; write ``out_dir/{train,dev,test,phrases}.{de,en}``.
 
-    Each pair of files is parallel, one sentence (or phrase) a line, UTF-8. ``stats.json``
+    Each pair of files is parallel, one sentence (or phrase) a line, UTF-8. ``nouns.tsv`` holds
+    Ding's nouns with their gender (``data.substitute``; ``substitute.noun_lexicon``). ``stats.json``
     records the counts, the skips, the source path and its SHA-1. Every file is written to a
     temporary name and renamed. Returns the dict written to ``stats.json``.
     """
@@ -439,6 +442,8 @@ def prepare_ding(
     for name, pairs in splits.items():
         _write_parallel(out, name, pairs)
     _write_parallel(out, "phrases", corpus.phrases)
+    nouns = noun_lexicon(source.read_text(encoding="utf-8", errors="replace").split("\n"))
+    _write_atomic(out / "nouns.tsv", format_nouns(nouns))
     stats = {
         "source": str(source),
         "source_sha1": _file_sha1(source),
@@ -447,6 +452,7 @@ def prepare_ding(
         "blank_lines": corpus.blank_lines,
         "sentences": len(corpus.sentences),
         "phrases": len(corpus.phrases),
+        "nouns": len(nouns),
         "splits": {
             name: {"pairs": len(pairs), "german_sentences": len({de for de, _ in pairs})}
             for name, pairs in splits.items()

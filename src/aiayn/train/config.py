@@ -47,7 +47,10 @@ class DataConfig:
     before each phrase pair's source, so that the model can tell dictionary entries from
     sentences (as tagged back-translation tags synthetic pairs: Caswell et al., 2019); the model
     then never produces it (``ModelConfig.suppress_ids``), and real sources never carry it.
-    Examples longer than ``max_len`` tokens are skipped and counted.
+    ``substitute`` (not in the paper; after Fadaee et al., 2017): each epoch, that share of the
+    sentence pairs that align a noun of ``{dir}/nouns.tsv`` (Ding's nouns with their gender,
+    written by ``aiayn data ding``) get it swapped for another noun of the same gender on both
+    sides (``aiayn.data.substitute``). Examples longer than ``max_len`` tokens are skipped and counted.
     """
 
     format: str = "parallel"
@@ -65,6 +68,7 @@ class DataConfig:
     phrases: float = 0.0
     resample_phrases: bool = False
     phrase_tag: bool = False  # <phrase> before the source of each phrase pair (Caswell et al., 2019)
+    substitute: float = 0.0  # share of sentence pairs with one noun swapped each epoch ({dir}/nouns.tsv)
     max_len: int = 128
     on_error: str = "raise"
     dev_size: int | None = None  # evaluate on the first N dev pairs (None: all)
@@ -84,6 +88,15 @@ class DataConfig:
             raise ValueError("data.phrases must be >= 0")
         if self.resample_phrases and not self.phrases:
             raise ValueError("data.resample_phrases needs data.phrases > 0 (phrase pairs per sentence pair)")
+        if not 0 <= self.substitute <= 1:
+            raise ValueError(f"data.substitute is a share of sentence pairs, between 0 and 1, got {self.substitute}")
+        if self.substitute:
+            if self.format != "parallel" or self.dir is None:
+                raise ValueError("data.substitute reads {dir}/nouns.tsv (aiayn data ding): format parallel with a dir")
+            if {self.src_lang, self.tgt_lang} != {"de", "en"}:
+                raise ValueError(f"data.substitute swaps German and English nouns, not {self.src_lang}-{self.tgt_lang}")
+            if self.phrases and not self.resample_phrases:
+                raise ValueError("data.substitute changes sentence pairs; with data.phrases set resample_phrases true")
         if self.phrase_tag and not self.resample_phrases:
             raise ValueError("data.phrase_tag tags the phrase pairs drawn each epoch: it needs data.resample_phrases")
 
@@ -210,6 +223,8 @@ class RunConfig:
                 f"train.task {self.train.task} needs "
                 + ("monolingual text: data.format text" if monolingual else "parallel text, not data.format text")
             )
+        if self.data.substitute and self.train.bpe_dropout:
+            raise ValueError("data.substitute and train.bpe_dropout both remake each epoch's examples: pick one")
 
     def model_config(self, vocab_size: int, **fields: Any) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **{**self.model, **fields})

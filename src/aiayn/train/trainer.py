@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, padding_fraction
+from ..data.substitute import NounLexicon, read_nouns
 from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import translate_ids
 from ..engine import prepare
@@ -34,7 +35,7 @@ from ..model import ModelConfig, Transformer
 from ..model.pretrained import CONFIG_NAME, atomic_write
 from ..progress import progress_bar
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
-from .config import RunConfig
+from .config import DataConfig, RunConfig, TrainConfig
 from .data import load_phrases, sample_phrases
 from .distributed import all_reduce_sum, barrier, setup_distributed, teardown_distributed
 from .objectives import Objective, Translation, objective_for
@@ -145,6 +146,75 @@ def _probe(
     return seconds
 
 
+def _nouns(data: DataConfig) -> NounLexicon:
+    """``data.substitute``'s lexicon, ``{dir}/nouns.tsv``."""
+    path = Path(str(data.dir)) / "nouns.tsv"
+    if not path.is_file():
+        raise FileNotFoundError(f"data.substitute: {path} not found; aiayn data ding --out {data.dir} writes it")
+    return NounLexicon(read_nouns(path))
+
+
+def _substitution(
+    lexicon: NounLexicon,
+    examples: list[Any],
+    raw: list[tuple[str, str]],
+    tokenizer: Tokenizer,
+    objective: Objective,
+    data: DataConfig,
+    seed: int,
+    say: Callable[[str], None],
+) -> Callable[[list[int], int], list[Any]]:
+    """``data.substitute``: a remake of each epoch's examples (given as indices into ``examples``)
+    in which that share of the sentence pairs have a noun of Ding swapped on both sides
+    (``aiayn.data.substitute``); the other examples, phrase pairs among them, as they are."""
+    german_first = data.src_lang == "de"
+    kept = [pair for pair in raw if objective.encode(tokenizer, [pair], data.max_len)[0]]  # examples[i] is kept[i]
+    sentences = [pair if german_first else pair[::-1] for pair in kept]  # (German, English)
+    eligible = [i for i, pair in enumerate(sentences) if lexicon.candidates(*pair)]
+    say(
+        f"substitute: {len(eligible):,} of {len(sentences):,} sentence pairs align a noun of the "
+        f"{len(lexicon.nouns):,} of {data.dir}/nouns.tsv; {data.substitute:g} of them changed each epoch"
+    )
+
+    def remake(indices: list[int], epoch: int) -> list[Any]:
+        rng = random.Random(seed * 1_000_003 + epoch)
+        chosen = {i for i in eligible if rng.random() < data.substitute}
+        out = []
+        for i in indices:
+            new = None
+            if i in chosen:
+                pair = lexicon.substitute(*sentences[i], rng)
+                if pair is not None:
+                    encoded = objective.encode(tokenizer, [pair if german_first else pair[::-1]], data.max_len)[0]
+                    new = encoded[0] if encoded else None  # too long now: the pair as it was
+            out.append(examples[i] if new is None else new)
+        return out
+
+    return remake
+
+
+def _remade(
+    batcher: TokenBatcher | ResampledBatcher | RemadeBatcher,
+    source: list[Any],
+    remake: Callable[[list[Any], int], list[Any]],
+    objective: Objective,
+    cfg: TrainConfig,
+) -> RemadeBatcher:
+    """Batches of each epoch's examples remade by ``remake`` from ``source`` (every example, or
+    the resampled phrase pairs' draw of the epoch), batched by the lengths they then have."""
+    if isinstance(batcher, RemadeBatcher):
+        raise ValueError("one remake of the examples at a time")  # RunConfig refuses two
+    everyone = list(range(len(source)))
+    members = batcher.members if isinstance(batcher, ResampledBatcher) else (lambda _: everyone)
+    return RemadeBatcher(source, members, remake, objective.lengths, cfg.max_tokens, cfg.seed)
+
+
+def _lengths(batcher: RemadeBatcher, objective: Objective) -> dict[int, tuple[int, int]]:
+    """The first epoch's (source, target) lengths by example index, for the padding report."""
+    remade = batcher.examples(0)
+    return dict(zip(remade, objective.lengths(list(remade.values())), strict=True))
+
+
 def _batch_seed(seed: int, step: int, index: int) -> int:
     """The seed of micro-batch ``index`` (0 .. accumulate x world - 1) of ``step``: a function of
     the position in training only, so a resumed run draws the same masks."""
@@ -189,6 +259,7 @@ def train(
 
     # Data and tokenizer -----------------------------------------------------------------------
     train_raw = objective.load(run.data, "train", say, cfg.seed, required=True)
+    lexicon = _nouns(run.data) if run.data.substitute else None
     dev_raw = objective.load(run.data, "dev", say, cfg.seed, required=False)
     # with data.resample_phrases, a fresh draw of phrase pairs each epoch (ResampledBatcher)
     pool_raw = load_phrases(run.data, say) if run.data.resample_phrases else []
@@ -244,16 +315,17 @@ def train(
     else:
         lengths = objective.lengths(train_examples)
         batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    if lexicon is not None:  # each epoch, a share of the sentence pairs with one noun swapped
+        remake = _substitution(lexicon, train_examples, train_raw, tokenizer, objective, run.data, cfg.seed, say)
+        batcher = _remade(batcher, list(range(len(train_examples))), remake, objective, cfg)
+        lengths = _lengths(batcher, objective)
     if cfg.bpe_dropout:  # each epoch's examples split afresh, then batched by the lengths they have
-        everyone = list(range(len(train_examples)))
-        members = batcher.members if isinstance(batcher, ResampledBatcher) else (lambda _: everyone)
 
-        def remake(examples: list[Any], epoch: int) -> list[Any]:
+        def split(examples: list[Any], epoch: int) -> list[Any]:
             return objective.split_examples(examples, run.data.max_len, random.Random(cfg.seed * 1_000_003 + epoch))
 
-        batcher = RemadeBatcher(train_examples, members, remake, objective.lengths, cfg.max_tokens, cfg.seed)
-        remade = batcher.examples(0)
-        lengths = dict(zip(remade, objective.lengths(list(remade.values())), strict=True))
+        batcher = _remade(batcher, train_examples, split, objective, cfg)
+        lengths = _lengths(batcher, objective)
     first = batcher.epoch(0)
     say(
         f"batches: {len(first):,} in the first epoch, of <= {cfg.max_tokens} positions per side; "
@@ -359,7 +431,7 @@ def train(
         return max(spent)
 
     def examples_of(epoch: int) -> Any:
-        """The training examples the batches of ``epoch`` index (with bpe_dropout, that epoch's)."""
+        """The training examples the batches of ``epoch`` index (remade: that epoch's)."""
         return batcher.examples(epoch) if isinstance(batcher, RemadeBatcher) else train_examples
 
     def checkpoint_now() -> Path:
