@@ -30,12 +30,12 @@ from pathlib import Path
 __all__ = ["NounLexicon", "format_nouns", "noun_lexicon", "read_nouns"]
 
 GENDERS = ("m", "f", "n", "pl")
-_GERMAN_NOUN = re.compile(r"^([A-ZÄÖÜ][a-zäöüß]+) \{(m|f|n|pl)\}")  # "Hund {m} [zool.]"
-_ENGLISH_WORD = re.compile(r"^([a-z]+)(?:\s*[\[(].*)?$")  # "dog", "dog (informal)"
+_GERMAN_ENTRY = re.compile(r"[A-ZÄÖÜ][a-zäöüß]+")  # a noun of the lexicon: one capitalised word
+_ENGLISH_ENTRY = re.compile(r"[a-z]+")  # its translation: one lower-case word
+_GERMAN_NOUN = re.compile(rf"^({_GERMAN_ENTRY.pattern}) \{{(m|f|n|pl)\}}")  # "Hund {m} [zool.]"
+_ENGLISH_WORD = re.compile(rf"^({_ENGLISH_ENTRY.pattern})(?:\s*[\[(].*)?$")  # "dog", "dog (informal)"
 _LETTER = r"[^\W\d_]"  # a Unicode letter
 _WORD = re.compile(rf"{_LETTER}+")
-_GERMAN_ENTRY = re.compile(r"[A-ZÄÖÜ][a-zäöüß]+")
-_ENGLISH_ENTRY = re.compile(r"[a-z]+")
 
 
 def noun_lexicon(lines: Iterable[str]) -> list[tuple[str, str, str, int]]:

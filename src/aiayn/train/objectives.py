@@ -111,10 +111,18 @@ class Translation(Objective):
     def encode(
         self, tokenizer: Tokenizer, raw: list[tuple[str, str]], max_len: int
     ) -> tuple[list[tuple[list[int], list[int]]], int]:
+        kept = [example for example in self.encode_each(tokenizer, raw, max_len) if example is not None]
+        return kept, len(raw) - len(kept)
+
+    def encode_each(
+        self, tokenizer: Tokenizer, raw: list[tuple[str, str]], max_len: int
+    ) -> list[tuple[list[int], list[int]] | None]:
+        """Per raw pair its example, or None where ``encode`` skips it (empty or too long)."""
         src = tokenizer.encode_batch([s for s, _ in raw])
         tgt = tokenizer.encode_batch([t for _, t in raw], target=True)  # Marian's: the target SentencePiece
-        kept = [(s, t) for s, t in zip(src, tgt, strict=True) if 0 < len(s) < max_len and 0 < len(t) < max_len]
-        return kept, len(raw) - len(kept)
+        return [
+            (s, t) if 0 < len(s) < max_len and 0 < len(t) < max_len else None for s, t in zip(src, tgt, strict=True)
+        ]
 
     def lengths(self, examples: list[tuple[list[int], list[int]]]) -> list[tuple[int, int]]:
         return [(len(s) + 1, len(t) + 1) for s, t in examples]

@@ -159,7 +159,7 @@ def _substitution(
     examples: list[Any],
     raw: list[tuple[str, str]],
     tokenizer: Tokenizer,
-    objective: Objective,
+    objective: Translation,
     data: DataConfig,
     seed: int,
     say: Callable[[str], None],
@@ -168,7 +168,8 @@ def _substitution(
     in which that share of the sentence pairs have a noun of Ding swapped on both sides
     (``aiayn.data.substitute``); the other examples, phrase pairs among them, as they are."""
     german_first = data.src_lang == "de"
-    kept = [pair for pair in raw if objective.encode(tokenizer, [pair], data.max_len)[0]]  # examples[i] is kept[i]
+    each = objective.encode_each(tokenizer, raw, data.max_len)
+    kept = [pair for pair, example in zip(raw, each, strict=True) if example is not None]  # examples[i]'s pair
     sentences = [pair if german_first else pair[::-1] for pair in kept]  # (German, English)
     eligible = [i for i, pair in enumerate(sentences) if lexicon.candidates(*pair)]
     say(
@@ -179,16 +180,11 @@ def _substitution(
     def remake(indices: list[int], epoch: int) -> list[Any]:
         rng = random.Random(seed * 1_000_003 + epoch)
         chosen = {i for i in eligible if rng.random() < data.substitute}
-        out = []
-        for i in indices:
-            new = None
-            if i in chosen:
-                pair = lexicon.substitute(*sentences[i], rng)
-                if pair is not None:
-                    encoded = objective.encode(tokenizer, [pair if german_first else pair[::-1]], data.max_len)[0]
-                    new = encoded[0] if encoded else None  # too long now: the pair as it was
-            out.append(examples[i] if new is None else new)
-        return out
+        swapped = {i: lexicon.substitute(*sentences[i], rng) for i in indices if i in chosen}  # in the epoch's order
+        changed = [(i, pair if german_first else pair[::-1]) for i, pair in swapped.items() if pair is not None]
+        encoded = objective.encode_each(tokenizer, [pair for _, pair in changed], data.max_len)
+        new = {i: example for (i, _), example in zip(changed, encoded, strict=True) if example is not None}
+        return [new.get(i, examples[i]) for i in indices]  # too long now: the pair as it was
 
     return remake
 
@@ -202,8 +198,8 @@ def _remade(
 ) -> RemadeBatcher:
     """Batches of each epoch's examples remade by ``remake`` from ``source`` (every example, or
     the resampled phrase pairs' draw of the epoch), batched by the lengths they then have."""
-    if isinstance(batcher, RemadeBatcher):
-        raise ValueError("one remake of the examples at a time")  # RunConfig refuses two
+    if isinstance(batcher, RemadeBatcher):  # RunConfig refuses data.substitute with train.bpe_dropout
+        raise ValueError("one remake of the examples at a time")
     everyone = list(range(len(source)))
     members = batcher.members if isinstance(batcher, ResampledBatcher) else (lambda _: everyone)
     return RemadeBatcher(source, members, remake, objective.lengths, cfg.max_tokens, cfg.seed)
@@ -316,6 +312,7 @@ def train(
         lengths = objective.lengths(train_examples)
         batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
     if lexicon is not None:  # each epoch, a share of the sentence pairs with one noun swapped
+        assert isinstance(objective, Translation)  # data.substitute needs data.format parallel: a translation task
         remake = _substitution(lexicon, train_examples, train_raw, tokenizer, objective, run.data, cfg.seed, say)
         batcher = _remade(batcher, list(range(len(train_examples))), remake, objective, cfg)
         lengths = _lengths(batcher, objective)
