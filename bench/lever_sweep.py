@@ -12,14 +12,15 @@ that gains here is then trained on the CPU for the demo's 840 s.
 
 The levers are a YAML list (``bench/levers_ding.yaml``): ``name``, ``factor``, ``args`` (aiayn
 train overrides). Jobs run seed by seed (every lever's first seed, then every lever's second), so
-a sweep stopped at ``--deadline`` still compares like with like. Writes the JSON after every job
-(``--json``, default ``bench/results/lever_sweep.json``) and prints a table: per lever the mean
-over seeds, and the mean of its differences from the preset's run of the same seed.
+a sweep stopped at ``--deadline`` still compares like with like (the jobs it skips are counted).
+Writes the JSON after every job (``--json``, default ``bench/results/lever_sweep.json``; an
+existing file is refused) and prints a table: per lever the mean over seeds, and the mean of its
+differences from the preset's run of the same seed.
 ``--summarize A.json B.json`` prints that table over the rows of finished sweeps together (and
 ``--plot PNG`` draws each run's dev BLEU by lever) without training.
 
-    python bench/lever_sweep.py --levers bench/levers_ding.yaml --seeds 1 2 3 --parallel 8 \\
-        --device cuda --work /tmp/sweep
+    python bench/lever_sweep.py --levers bench/levers_ding.yaml --tokenizer RUN/model --seeds 1 2 3 \\
+        --parallel 8 --device cuda --work /tmp/sweep --json bench/results/lever_sweep_gpu.json
     python bench/lever_sweep.py --summarize bench/results/lever_sweep_h200.json --plot sweep.png
 """
 
@@ -57,7 +58,7 @@ def read_levers(path: Path) -> list[dict]:
         if not isinstance(lever, dict) or not {"name", "factor"} <= lever.keys():
             raise SystemExit(f"{path}: lever {i + 1} needs a name and a factor, got {lever!r}")
         lever.setdefault("args", [])
-        if not all(isinstance(a, str | int | float) for a in lever["args"]):
+        if not isinstance(lever["args"], list) or not all(isinstance(a, str | int | float) for a in lever["args"]):
             raise SystemExit(f"{path}: lever {lever['name']!r}: args must be a list of strings")
         lever["args"] = [str(a) for a in lever["args"]]
     return levers
@@ -79,7 +80,10 @@ def run_job(job: dict, args: argparse.Namespace) -> dict:
     if done.returncode != 0:
         return dict(job, error=f"train exited {done.returncode}: see {log}")
     train_seconds = time.perf_counter() - start
-    final = [row for row in read_metrics(out) if row.get("kind") == "final"][-1]
+    finals = [row for row in read_metrics(out) if row.get("kind") == "final"]
+    if not finals:
+        return dict(job, error=f"no final row in {out / 'metrics.jsonl'}")
+    final = finals[-1]
     hyp = out / "dev.beam4.en"
     evaluate = [*aiayn, "evaluate", "--model", str(out / "model"), "--data", args.data, "--split", "dev",
                 "--beam", "4", "--alpha", "1.5", "--device", args.device, "--output", str(hyp)]  # fmt: skip
@@ -134,6 +138,15 @@ def merged(paths: list[str]) -> tuple[list[dict], list[dict]]:
             if known["factor"] != lever["factor"] or known["args"] != lever["args"]:
                 raise SystemExit(f"{path}: lever {lever['name']!r} differs from an earlier file's")
         rows += result["rows"]
+    seen: dict[tuple[str, int], int] = {}
+    for row in rows:
+        key = (row["lever"], row["seed"])
+        if key in seen:
+            raise SystemExit(f"lever {key[0]!r} seed {key[1]} is in more than one row: a seed counts once")
+        seen[key] = row["steps"]
+    for name in levers:
+        if len({steps for (lever, _), steps in seen.items() if lever == name}) > 1:
+            raise SystemExit(f"lever {name!r} ran for different steps in these files (--steps differed)")
     return list(levers.values()), rows
 
 
@@ -166,13 +179,13 @@ def main() -> None:
     parser.add_argument("--data", default="data/ding", help="the data directory (train and dev splits)")
     parser.add_argument("--tokenizer", help="a model directory whose tokenizer every run shares")
     parser.add_argument("--steps", type=int, default=3250, help="the preset's steps in the demo's 840 s")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="these levers of the file alone (the preset first)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these levers of the file alone (and the preset)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--parallel", type=int, default=4, help="runs at once")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--deadline", type=float, default=None, help="seconds after which no job starts")
-    parser.add_argument("--work", help="directory for the runs")
+    parser.add_argument("--work", help="a new directory for the runs")
     parser.add_argument("--json", default=str(RESULTS / "lever_sweep.json"))
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="finished sweeps: print their table")
     parser.add_argument("--plot", help="with --summarize: a PNG of each run's dev BLEU by lever")
@@ -190,7 +203,11 @@ def main() -> None:
         unknown = set(args.only) - {lever["name"] for lever in levers}
         if unknown:
             parser.error(f"--only: no lever {sorted(unknown)} in {args.levers}")
-        levers = [lever for lever in levers if lever["name"] in args.only]
+        levers = [lever for i, lever in enumerate(levers) if i == 0 or lever["name"] in args.only]
+    if Path(args.json).exists():
+        parser.error(f"{args.json} exists: give --json a new file")
+    if Path(args.work).exists() and any(Path(args.work).iterdir()):
+        parser.error(f"{args.work} is not empty: its runs would clash with this sweep's")
     Path(args.work).mkdir(parents=True, exist_ok=True)
     jobs = [
         {"lever": lever["name"], "seed": seed, "steps": round(args.steps * lever["factor"]), "args": lever["args"]}
@@ -201,17 +218,21 @@ def main() -> None:
     gpu = info["cuda"] or "no GPU"
     print(f"{info['cpu']}; {gpu}; torch {info['torch']}; {len(jobs)} jobs, {args.parallel} at once")
     rows: list[dict] = []
+    skipped: list[dict] = []
     lock = threading.Lock()
     start = time.perf_counter()
 
     def write() -> None:
         result = {"machine": info, "steps": args.steps, "levers": levers, "rows": rows,
-                  "summary": summarize(levers, rows), "search": "beam 4, alpha 1.5", "split": "dev"}  # fmt: skip
+                  "summary": summarize(levers, rows), "search": "beam 4, alpha 1.5", "split": "dev",
+                  "skipped": skipped}  # fmt: skip
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
     def one(job: dict) -> None:
         if args.deadline is not None and time.perf_counter() - start > args.deadline:
+            with lock:
+                skipped.append({"lever": job["lever"], "seed": job["seed"]})
             return
         row = run_job(job, args)
         with lock:
@@ -223,6 +244,12 @@ def main() -> None:
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(one, jobs))
+    if skipped:
+        write()
+        print(
+            f"{len(skipped)} jobs not started (past --deadline): "
+            + ", ".join(f"{j['lever']} seed {j['seed']}" for j in skipped)
+        )
     print(table(summarize(levers, rows), COLUMNS))
     print(f"written {args.json}")
 
