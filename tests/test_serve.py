@@ -290,6 +290,43 @@ def test_a_full_queue_answers_503_and_frees_up(model_dir):
         assert httpx.get(f"{url}/health").json()["queued"] == 0
 
 
+def test_texts_of_a_request_gone_away_count_until_they_have_decoded(model_dir):
+    """max_queue caps the texts the model thread holds: a request cancelled while its texts wait
+    (its client gone) leaves them to decode, and they keep their places in the queue until then."""
+
+    async def scenario():
+        app = app_for(model_dir, max_queue=4, max_texts=4)
+        batcher: Batcher = app.state.batcher
+        release = threading.Event()
+        await batcher.start()
+        blocker = asyncio.ensure_future(batcher.call(release.wait))  # the model's thread is busy
+        try:
+            gone = asyncio.ensure_future(batcher.translate(SENTENCES[:4], {}))
+            while batcher.queued < 4:
+                await asyncio.sleep(0.01)
+            gone.cancel()
+            await asyncio.sleep(0.05)
+            with pytest.raises(HTTPError) as refused:  # admitted instead, it would wait for the blocker
+                await asyncio.wait_for(batcher.translate(["Die Katze schläft."], {}), timeout=5)
+            while_decoding = batcher.queued
+        finally:
+            release.set()  # a failure here must not leave the model's thread blocked
+        await blocker
+        deadline = time.monotonic() + 30
+        while batcher.queued and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        after = batcher.queued
+        answer = await batcher.translate(["Die Katze schläft."], {})
+        await batcher.stop()
+        return refused.value, while_decoding, after, answer, gone.cancelled()
+
+    refused, while_decoding, after, answer, cancelled = asyncio.run(scenario())
+    assert cancelled
+    assert refused.status == 503 and "busy" in str(refused)
+    assert (while_decoding, after) == (4, 0)
+    assert len(answer) == 1 and answer[0]
+
+
 def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher

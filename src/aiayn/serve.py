@@ -186,12 +186,29 @@ class Batcher:
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` on the model's thread, between two decoding steps (on the engine;
         otherwise once the batch decoding has ended)."""
+        return await asyncio.shield(self._submit(functools.partial(fn, *args)))
+
+    def _submit(self, fn: Any, texts: int = 0) -> asyncio.Future:
+        """Put ``fn()`` in the model thread's inbox; its future counts as ``texts`` queued texts
+        until it is settled (``_count_until_done``)."""
         if self._stopping or not self.alive:
             raise HTTPError(503, "the server is shutting down")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._inbox.put(_Call(functools.partial(fn, *args), future, loop))
-        return await asyncio.shield(future)
+        self._count_until_done(future, texts)
+        self._inbox.put(_Call(fn, future, loop))
+        return future
+
+    def _count_until_done(self, future: asyncio.Future, texts: int) -> None:
+        """``texts`` admitted texts stop counting once ``future`` is settled, when the model thread
+        has ended their work: not when their request ends. A client that goes away leaves its texts
+        decoding (``asyncio.shield``), and they fill the queue (``max_queue``) until then."""
+
+        def release(_: asyncio.Future) -> None:
+            self.queued -= texts
+
+        if texts:
+            future.add_done_callback(release)
 
     def admit(self, n: int) -> None:
         """Count ``n`` more texts waiting for the model; 503 when the queue is full."""
@@ -208,22 +225,22 @@ class Batcher:
     async def translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
         """The translations of ``texts``, batched with other requests'; 503 when the queue is full."""
         self.admit(len(texts))
-        try:
-            loop = asyncio.get_running_loop()
-            search = tuple(sorted({**SEARCH_DEFAULTS, **search}.items()))  # {} and the defaults decode together
-            job = _Job(list(texts), search, loop.create_future(), loop)
-            self._inbox.put(job)
-            return await asyncio.shield(job.future)  # a cancelled request leaves the search alone
-        finally:
-            self.queued -= len(texts)
+        loop = asyncio.get_running_loop()
+        search = tuple(sorted({**SEARCH_DEFAULTS, **search}.items()))  # {} and the defaults decode together
+        job = _Job(list(texts), search, loop.create_future(), loop)
+        self._count_until_done(job.future, len(texts))
+        self._inbox.put(job)
+        return await asyncio.shield(job.future)  # a cancelled request leaves the search alone
 
     async def exclusive(self, fn: Any, n: int = 1) -> Any:
         """``fn()`` on the model's thread, counted as ``n`` queued texts (``/attention``)."""
         self.admit(n)
         try:
-            return await self.call(fn)
-        finally:
+            future = self._submit(fn, n)
+        except BaseException:
             self.queued -= n
+            raise
+        return await asyncio.shield(future)
 
     # On the model thread ------------------------------------------------------------------------
 
