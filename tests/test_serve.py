@@ -3,6 +3,7 @@ together, bad input gets a 4xx JSON error and the server keeps serving, a full q
 503, a client that goes away mid-request harms nobody; /attention is translation_attention."""
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -299,32 +300,63 @@ def test_texts_of_a_request_gone_away_count_until_they_have_decoded(model_dir):
         batcher: Batcher = app.state.batcher
         release = threading.Event()
         await batcher.start()
-        blocker = asyncio.ensure_future(batcher.call(release.wait))  # the model's thread is busy
         try:
+            blocker = asyncio.ensure_future(batcher.call(release.wait))  # the model's thread is busy
             gone = asyncio.ensure_future(batcher.translate(SENTENCES[:4], {}))
-            while batcher.queued < 4:
+            deadline = time.monotonic() + 10
+            while batcher.queued < 4 and not gone.done() and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             gone.cancel()
             await asyncio.sleep(0.05)
             with pytest.raises(HTTPError) as refused:  # admitted instead, it would wait for the blocker
                 await asyncio.wait_for(batcher.translate(["Die Katze schläft."], {}), timeout=5)
-            while_decoding = batcher.queued
+            while_waiting, joins = batcher.queued, batcher.joins
+            release.set()
+            await blocker
+            deadline = time.monotonic() + 30
+            while batcher.queued and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            after, decoded = batcher.queued, batcher.joins > joins  # the 4 texts decoded, then left
+            answer = await batcher.translate(["Die Katze schläft."], {})
         finally:
-            release.set()  # a failure here must not leave the model's thread blocked
-        await blocker
-        deadline = time.monotonic() + 30
-        while batcher.queued and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        after = batcher.queued
-        answer = await batcher.translate(["Die Katze schläft."], {})
-        await batcher.stop()
-        return refused.value, while_decoding, after, answer, gone.cancelled()
+            release.set()  # a failure above must not leave the model's thread blocked
+            await batcher.stop()
+        return refused.value, while_waiting, after, decoded, answer, gone.cancelled()
 
-    refused, while_decoding, after, answer, cancelled = asyncio.run(scenario())
+    refused, while_waiting, after, decoded, answer, cancelled = asyncio.run(scenario())
     assert cancelled
     assert refused.status == 503 and "busy" in str(refused)
-    assert (while_decoding, after) == (4, 0)
+    assert (while_waiting, after, decoded) == (4, 0, True)
     assert len(answer) == 1 and answer[0]
+
+
+def test_a_worker_that_dies_answers_what_it_held_with_500_and_frees_the_queue():
+    """Something that ends the model thread's loop (not an Exception: those fail one request)
+    still answers the call in hand, and its texts stop counting."""
+
+    class Fatal(BaseException):
+        pass
+
+    def fatal():
+        raise Fatal
+
+    async def scenario():
+        batcher = Batcher(None, ServeOptions())  # no translator: only calls run
+        await batcher.start()
+        try:
+            with pytest.raises(HTTPError) as error:
+                await asyncio.wait_for(batcher.exclusive(fatal, 2), timeout=10)
+            deadline = time.monotonic() + 10
+            while batcher.alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return error.value, batcher.queued, batcher.alive
+        finally:
+            with contextlib.suppress(Fatal):
+                await batcher.stop()
+
+    error, queued, alive = asyncio.run(scenario())
+    assert error.status == 500 and "worker has stopped" in str(error)
+    assert (queued, alive) == (0, False)
 
 
 def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):

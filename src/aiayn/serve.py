@@ -9,7 +9,8 @@ An ASGI app (Starlette, served by uvicorn: the ``serve`` extra) over one ``Trans
 - ``POST /attention`` ``{"text": "...", "beam": 1, "alpha": 0.6}`` -> the sentence's translation
   and every attention weight the model used for it (``aiayn.viz.translation_attention``, what
   ``aiayn attention`` draws);
-- ``GET /health`` -> ``{"status": "ok", "queued": texts waiting}`` (500 once the worker has stopped);
+- ``GET /health`` -> ``{"status": "ok", "queued": texts waiting or decoding}`` (500 once the worker has
+  stopped);
 - ``GET /`` -> the explorer (``explorer.html``: plain HTML and JavaScript, no build step).
 
 Concurrent requests are batched continuously (``Batcher``): one model thread runs a search
@@ -219,16 +220,16 @@ class Batcher:
         if self._stopping:
             raise HTTPError(503, "the server is shutting down")
         if not self.alive:
-            raise HTTPError(500, "the server's model worker has stopped; restart the server")
+            raise _worker_stopped()
         self.queued += n
 
     async def translate(self, texts: list[str], search: dict[str, Any]) -> list[str]:
         """The translations of ``texts``, batched with other requests'; 503 when the queue is full."""
-        self.admit(len(texts))
         loop = asyncio.get_running_loop()
         search = tuple(sorted({**SEARCH_DEFAULTS, **search}.items()))  # {} and the defaults decode together
         job = _Job(list(texts), search, loop.create_future(), loop)
-        self._count_until_done(job.future, len(texts))
+        self.admit(len(texts))  # nothing that can raise between counting the texts and queueing them
+        self._count_until_done(job.future, len(texts))  # before shield's own callback: released first
         self._inbox.put(job)
         return await asyncio.shield(job.future)  # a cancelled request leaves the search alone
 
@@ -256,6 +257,10 @@ class Batcher:
         except _StoppingError:
             for job in waiting:
                 _refuse(job)
+        except BaseException:  # the loop dies: its requests get an answer, and stop counting
+            for job in waiting:
+                _refuse(job, _worker_stopped())
+            raise
 
     def _take(self, waiting: collections.deque[_Job], block: bool) -> None:
         """Move what the inbox holds into ``waiting``, running calls at once; with ``block``, wait
@@ -267,17 +272,21 @@ class Batcher:
                 return
             if item is _STOP:
                 raise _StoppingError
-            if isinstance(item, _Call):
-                try:
-                    result, error = item.fn(), None
-                except Exception as e:
-                    result, error = None, e
-                item.loop.call_soon_threadsafe(_settle, item.future, result, error)
-            elif not any(text.strip() for text in item.texts):  # nothing to translate: no need to wait
-                item.results = [""] * len(item.texts)
-                item.settle()
-            else:
-                waiting.append(item)
+            try:
+                if isinstance(item, _Call):
+                    try:
+                        result, error = item.fn(), None
+                    except Exception as e:
+                        result, error = None, e
+                    item.loop.call_soon_threadsafe(_settle, item.future, result, error)
+                elif not any(text.strip() for text in item.texts):  # nothing to translate: no need to wait
+                    item.results = [""] * len(item.texts)
+                    item.settle()
+                else:
+                    waiting.append(item)
+            except BaseException:  # what ends the loop: the item in hand gets an answer too
+                _refuse(item, _worker_stopped())
+                raise
 
     def _decode(self, waiting: collections.deque[_Job], search: tuple) -> None:
         """One continuous search for the texts of ``search``: those at the head of ``waiting`` join
@@ -366,13 +375,17 @@ class Batcher:
         decoding.clear()
 
 
-def _refuse(item: _Job | _Call) -> None:
-    """Answer a job or call the model thread will not run with 503."""
-    error = HTTPError(503, "the server is shutting down")
+def _refuse(item: _Job | _Call, error: HTTPError | None = None) -> None:
+    """Answer a job or call the model thread will not run: 503, or ``error``."""
+    error = error or HTTPError(503, "the server is shutting down")
     if isinstance(item, _Call):
         item.loop.call_soon_threadsafe(_settle, item.future, None, error)
     else:
         item.settle(error)
+
+
+def _worker_stopped() -> HTTPError:
+    return HTTPError(500, "the server's model worker has stopped; restart the server")
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
