@@ -157,9 +157,11 @@ def plot(levers: list[dict], rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    done = [r for r in rows if "error" not in r]
+    levers = [lv for lv in levers if any(r["lever"] == lv["name"] for r in done)]  # as summarize() shows them
     fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(levers), 4))
     for x, lever in enumerate(levers):
-        bleu = [r["beam_bleu"] for r in rows if r["lever"] == lever["name"] and "error" not in r]
+        bleu = [r["beam_bleu"] for r in done if r["lever"] == lever["name"]]
         ax.scatter([x] * len(bleu), bleu, s=18, color="C0", alpha=0.7)
         ax.hlines(statistics.fmean(bleu), x - 0.3, x + 0.3, color="C3")
         if x == 0:

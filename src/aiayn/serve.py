@@ -235,13 +235,8 @@ class Batcher:
 
     async def exclusive(self, fn: Any, n: int = 1) -> Any:
         """``fn()`` on the model's thread, counted as ``n`` queued texts (``/attention``)."""
-        self.admit(n)
-        try:
-            future = self._submit(fn, n)
-        except BaseException:
-            self.queued -= n
-            raise
-        return await asyncio.shield(future)
+        self.admit(n)  # checked what _submit checks, with no await since: it cannot refuse now
+        return await asyncio.shield(self._submit(fn, n))
 
     # On the model thread ------------------------------------------------------------------------
 
