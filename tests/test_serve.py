@@ -359,6 +359,50 @@ def test_a_worker_that_dies_answers_what_it_held_with_500_and_frees_the_queue():
     assert (queued, alive) == (0, False)
 
 
+def test_a_worker_that_dies_mid_search_answers_every_request_it_held_with_500(model_dir, monkeypatch):
+    """The model thread's loop ending mid-search (not an Exception) answers the request whose texts
+    were decoding, and the request waiting for another search, with 500; their texts stop counting."""
+    import aiayn.serve
+
+    class Fatal(BaseException):
+        pass
+
+    def dying_search(model, feed, **options):
+        assert feed(0) is not None  # the first request's texts join the search ...
+        raise Fatal  # ... and the loop dies while they decode
+        yield
+
+    monkeypatch.setattr(aiayn.serve, "translate_continuous", dying_search)
+
+    async def scenario():
+        batcher: Batcher = app_for(model_dir).state.batcher
+        release = threading.Event()
+        await batcher.start()
+        try:
+            blocker = asyncio.ensure_future(batcher.call(release.wait))  # both requests queue up behind it
+            decoding = asyncio.ensure_future(batcher.translate(SENTENCES[:2], {}))
+            waiting = asyncio.ensure_future(batcher.translate(SENTENCES[2:3], {"beam": 1}))  # another search
+            deadline = time.monotonic() + 10
+            while batcher.queued < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            release.set()
+            await blocker
+            results = await asyncio.wait_for(asyncio.gather(decoding, waiting, return_exceptions=True), timeout=10)
+            deadline = time.monotonic() + 10
+            while batcher.alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return results, batcher.queued, batcher.alive
+        finally:
+            release.set()
+            with contextlib.suppress(Fatal):
+                await batcher.stop()
+
+    results, queued, alive = asyncio.run(scenario())
+    for error in results:
+        assert isinstance(error, HTTPError) and error.status == 500 and "worker has stopped" in str(error)
+    assert (queued, alive) == (0, False)
+
+
 def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher

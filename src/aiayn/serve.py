@@ -335,6 +335,9 @@ class Batcher:
         except Exception as e:  # the model failed: every request decoding hears why
             log.exception("aiayn serve: the search failed")
             self._fail(decoding, waiting, search, e)
+        except BaseException:  # the loop dies (_serve answers what waits): the texts decoding hear it too
+            self._fail(decoding, waiting, search, _worker_stopped())
+            raise
 
     def _joined(self, taken: tuple[list[int], list[list[int]]], live: int) -> tuple | None:
         if not taken[0]:
