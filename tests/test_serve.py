@@ -360,19 +360,29 @@ def test_a_worker_that_dies_answers_what_it_held_with_500_and_frees_the_queue():
 
 
 def test_a_worker_that_dies_mid_search_answers_every_request_it_held_with_500(model_dir, monkeypatch):
-    """The model thread's loop ending mid-search (not an Exception) answers the request whose texts
-    were decoding, and the request waiting for another search, with 500; their texts stop counting."""
+    """The model thread's loop ending mid-search (not an Exception) answers, with 500, the request
+    whose texts were decoding, the request waiting for another search and the request still in the
+    inbox; their texts stop counting."""
     import aiayn.serve
 
     class Fatal(BaseException):
         pass
 
+    joined, die = threading.Event(), threading.Event()
+
     def dying_search(model, feed, **options):
         assert feed(0) is not None  # the first request's texts join the search ...
+        joined.set()
+        die.wait(10)
         raise Fatal  # ... and the loop dies while they decode
         yield
 
     monkeypatch.setattr(aiayn.serve, "translate_continuous", dying_search)
+
+    async def until(condition):
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def scenario():
         batcher: Batcher = app_for(model_dir).state.batcher
@@ -382,25 +392,27 @@ def test_a_worker_that_dies_mid_search_answers_every_request_it_held_with_500(mo
             blocker = asyncio.ensure_future(batcher.call(release.wait))  # both requests queue up behind it
             decoding = asyncio.ensure_future(batcher.translate(SENTENCES[:2], {}))
             waiting = asyncio.ensure_future(batcher.translate(SENTENCES[2:3], {"beam": 1}))  # another search
-            deadline = time.monotonic() + 10
-            while batcher.queued < 3 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+            await until(lambda: batcher.queued == 3)
             release.set()
             await blocker
-            results = await asyncio.wait_for(asyncio.gather(decoding, waiting, return_exceptions=True), timeout=10)
-            deadline = time.monotonic() + 10
-            while batcher.alive and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            return results, batcher.queued, batcher.alive
+            await until(joined.is_set)
+            inbox = asyncio.ensure_future(batcher.translate(SENTENCES[3:4], {}))  # the search takes no more
+            await until(lambda: batcher.queued == 4)
+            die.set()
+            done, _ = await asyncio.wait({decoding, waiting, inbox}, timeout=10)
+            await until(lambda: not batcher.alive)
+            return [task.exception() for task in (decoding, waiting, inbox) if task in done], batcher.queued
         finally:
             release.set()
+            die.set()
             with contextlib.suppress(Fatal):
                 await batcher.stop()
 
-    results, queued, alive = asyncio.run(scenario())
-    for error in results:
+    errors, queued = asyncio.run(scenario())
+    assert len(errors) == 3, "a request was never answered"
+    for error in errors:
         assert isinstance(error, HTTPError) and error.status == 500 and "worker has stopped" in str(error)
-    assert (queued, alive) == (0, False)
+    assert queued == 0
 
 
 def test_a_client_that_disconnects_mid_request_harms_nobody(model_dir):

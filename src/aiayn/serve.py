@@ -159,6 +159,20 @@ class Batcher:
     async def start(self) -> None:
         self._inbox, self._stopping = queue.SimpleQueue(), False
         self._worker = asyncio.wrap_future(self.executor.submit(self._serve))
+        self._worker.add_done_callback(functools.partial(self._answer_after_death, self._inbox))
+
+    @staticmethod
+    def _answer_after_death(inbox: queue.SimpleQueue, worker: asyncio.Future) -> None:
+        """When the model thread's loop has died, answer with 500 what its inbox still holds (it
+        answered what it had taken). On the event loop, once ``alive`` is false: ``admit`` refuses
+        from then on, so nothing comes after."""
+        if worker.cancelled() or worker.exception() is None:
+            return  # stopped: ``stop`` answers what came after with 503
+        log.critical("aiayn serve: the model worker has stopped", exc_info=worker.exception())
+        while not inbox.empty():
+            item = inbox.get()
+            if item is not _STOP:
+                _refuse(item, _worker_stopped())
 
     async def stop(self) -> None:
         """Stop the model thread's loop: what waits, or comes meanwhile, gets a 503."""
