@@ -169,10 +169,7 @@ class Batcher:
         if worker.cancelled() or worker.exception() is None:
             return  # stopped: ``stop`` answers what came after with 503
         log.critical("aiayn serve: the model worker has stopped", exc_info=worker.exception())
-        while not inbox.empty():
-            item = inbox.get()
-            if item is not _STOP:
-                _refuse(item, _worker_stopped())
+        _refuse_inbox(inbox, _worker_stopped())
 
     async def stop(self) -> None:
         """Stop the model thread's loop: what waits, or comes meanwhile, gets a 503."""
@@ -182,10 +179,8 @@ class Batcher:
             with contextlib.suppress(Exception):
                 await self._worker
         self._worker = None  # the model's thread stays: the app may start again
-        while self._inbox is not None and not self._inbox.empty():  # what came after the stop
-            item = self._inbox.get()
-            if item is not _STOP:
-                _refuse(item)
+        if self._inbox is not None:
+            _refuse_inbox(self._inbox)  # what came after the stop
 
     def close(self) -> None:
         """Tell the model thread's loop to end, from any thread, without waiting (``serve`` does
@@ -394,6 +389,14 @@ def _refuse(item: _Job | _Call, error: HTTPError | None = None) -> None:
         item.loop.call_soon_threadsafe(_settle, item.future, None, error)
     else:
         item.settle(error)
+
+
+def _refuse_inbox(inbox: queue.SimpleQueue, error: HTTPError | None = None) -> None:
+    """Answer everything left in an inbox the model thread will not read again (``_refuse``)."""
+    while not inbox.empty():
+        item = inbox.get()
+        if item is not _STOP:
+            _refuse(item, error)
 
 
 def _worker_stopped() -> HTTPError:
