@@ -17,19 +17,24 @@ With ``--compare compile`` they are fp32 eager (the trainer's default), fp32 und
 ``torch.compile(model, dynamic=True)`` (``train.compile``) and bf16 under both; the table adds
 the seconds the warm-up steps took, compiling included.
 
+With ``--compare loss`` the four variants are fp32 and bf16, each with the loss by torch's
+operations (``AIAYN_CPU_KERNELS=0``) and by the C++ loss kernel (``aiayn.engine.kernels``): an
+A/B of the kernel in both precisions.
+
 With ``--profile N`` each variant then takes N more steps under ``torch.profiler``: the rows add
 the seconds of the matrix products (``aten::mm``, ``addmm``, ``bmm``) and of the copies
 (``aten::copy_``: autocast's casts among them) as fractions of the profiled CPU time, and the
 products' speed-up over fp32's; with them, the most a faster product could give
 (1 / (1 - products)) is read off the table.
 
-    python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile]
+    python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile|loss]
         [--profile 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,9 +108,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
     parser.add_argument(
-        "--compare", choices=["precision", "adam", "compile"], default="precision",
+        "--compare", choices=["precision", "adam", "compile", "loss"], default="precision",
         help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam; "
-        "compile: fp32 eager against fp32 and bf16 under torch.compile",
+        "compile: fp32 eager against fp32 and bf16 under torch.compile; loss: fp32 and bf16 with torch's "
+        "loss and with the C++ loss kernel",
     )  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps per variant (0: off)")
     args = parser.parse_args()
@@ -124,6 +130,7 @@ def main() -> None:
         )  # fmt: skip
         runs = {}
         variants = {"fp32": ("fp32", args.adam, False), "bf16": ("bf16", args.adam, False)}
+        kernel = {}  # variant -> whether the loss kernel runs (unset: as the environment says)
         if args.compare == "adam":
             variants = {"fp32": ("fp32", "foreach", False), "fp32, fused Adam": ("fp32", "fused", False)}
         if args.compare == "compile":
@@ -131,6 +138,12 @@ def main() -> None:
                 "fp32": ("fp32", args.adam, False), "fp32, compiled": ("fp32", args.adam, True),
                 "bf16, compiled": ("bf16", args.adam, True),
             }  # fmt: skip
+        if args.compare == "loss":
+            variants = {
+                "fp32, torch's loss": ("fp32", args.adam, False), "fp32, loss kernel": ("fp32", args.adam, False),
+                "bf16, torch's loss": ("bf16", args.adam, False), "bf16, loss kernel": ("bf16", args.adam, False),
+            }  # fmt: skip
+            kernel = {name: name.endswith("kernel") for name in variants}
         for name, (precision, adam, compiled) in variants.items():
             torch.manual_seed(0)
             model = Transformer(config).train()
@@ -141,8 +154,10 @@ def main() -> None:
             forward = torch.compile(model, dynamic=True) if compiled else model
             runs[name] = (model, optimizer, Precision(precision, "bench").autocast(device), [0.0, 0, 0, 0.0], forward)
 
-        def step(name: str, batch, runs=runs) -> None:
+        def step(name: str, batch, runs=runs, kernel=kernel) -> None:
             _, optimizer, amp, _, forward = runs[name]
+            if name in kernel:
+                os.environ["AIAYN_CPU_KERNELS"] = "1" if kernel[name] else "0"
             loss, _ = objective.loss(forward, batch, 0.1, amp)
             (loss / batch.num_tokens).backward()
             optimizer.step()
@@ -166,13 +181,13 @@ def main() -> None:
         profiles = {name: profile_steps(lambda b, name=name: step(name, b), timed[: args.profile]) for name in runs}
         rate = {name: r[3][1] / r[3][0] for name, r in runs.items()}
         steps = len(timed)
-        params = sum(p.numel() for p in runs["fp32"][0].parameters())
+        params = sum(p.numel() for p in next(iter(runs.values()))[0].parameters())
         for name in runs:
             rows.append(
                 {
                     "d_model": d_model, "precision": name, "params": params, "tokens_per_s": round(rate[name]),
                     "steps_per_s": round(steps / runs[name][3][0], 2),
-                    "ratio_vs_fp32": round(rate[name] / rate["fp32"], 2),
+                    "ratio_vs_fp32": round(rate[name] / rate[next(iter(runs))], 2),
                     "mfu": round(runs[name][3][2] / runs[name][3][0] / peaks[variants[name][0]], 3),
                     "warmup_s": round(runs[name][3][3], 1),
                 }
@@ -187,7 +202,9 @@ def main() -> None:
         short = [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
                  ("ratio_vs_fp32", "× fp32")]  # fmt: skip
         print(table(rows[-len(runs) :], short), flush=True)
-    name = {"precision": "train_precision", "adam": "train_adam", "compile": "train_compile"}[args.compare]
+    name = {"precision": "train_precision", "adam": "train_adam", "compile": "train_compile", "loss": "train_loss"}[
+        args.compare
+    ]
     result = {
         "benchmark": name, "command": "python " + " ".join(sys.argv), "machine": machine(),
         "native_bf16": native_bf16(device), "layers": [args.layers, args.dec_layers], "heads": args.heads,

@@ -391,8 +391,8 @@ def test_translate_says_when_it_builds_the_attention_kernel_and_works_when_the_b
     out, err = capsys.readouterr()
     assert out == expected
     assert err.splitlines() == [  # the build was due and failed
-        "aiayn translate: building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)",
-        "aiayn translate: warning: the CPU decoding kernels could not be built (Error building extension: "
+        "aiayn translate: building the CPU kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)",
+        "aiayn translate: warning: the CPU kernels could not be built (Error building extension: "
         "ninja is required to load C++ extensions); using torch's kernels instead",
     ]
 

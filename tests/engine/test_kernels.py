@@ -296,7 +296,7 @@ def _fake_build(directory: Path, source: Path, days_unused: float = 31) -> Path:
     else:  # its format as of torch 2.13: a space escaped as "$ "
         escaped = str(source).replace(" ", "$ ")
         ninja_file.write_text(
-            f"build decode_kernels.o: compile {escaped}\n\nbuild {directory.name}.so: link decode_kernels.o\n"
+            f"build cpu_kernels.o: compile {escaped}\n\nbuild {directory.name}.so: link cpu_kernels.o\n"
         )
     (directory / f"{directory.name}.so").write_bytes(b"\0" * 64)
     last_load = time.time() - days_unused * 86400
@@ -348,3 +348,89 @@ def test_the_first_layers_decision_serves_every_layer(monkeypatch):
     for _ in range(3):
         state(torch.full((2,), model.config.bos_id))
     assert calls == [1, 1]
+
+
+def smoothed_by_hand(logits, target, eps):
+    """Per row the label-smoothed loss, the NLL and the gradient p - q, in float64 (§5.4):
+    q = (1 - eps) onehot(y) + eps / V."""
+    z = logits.double()
+    log_p = torch.log_softmax(z, dim=-1)
+    V = z.size(-1)
+    q = torch.full_like(z, eps / V)
+    q[torch.arange(z.size(0)), target] += 1 - eps
+    return -(q * log_p).sum(-1), -log_p[torch.arange(z.size(0)), target], log_p.exp() - q
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_loss_kernel_equals_the_formula(dtype, eps):
+    g = torch.Generator().manual_seed(int(eps * 10) + (dtype == torch.bfloat16))
+    N, V = 53, 1_003  # rows over several threads' chunks; a vocabulary no multiple of 8
+    logits = (torch.randn(N, V, generator=g) * torch.rand(N, 1, generator=g) * 12).to(dtype)
+    logits[0, 5] = 40.0  # a confident row
+    target = torch.randint(0, V, (N,), generator=g)
+    target[:2] = torch.tensor([0, V - 1])
+    assert cpu_kernels.loss_eligible(logits)
+    loss, nll, grad = cpu_kernels.label_smoothed_ce(logits, target, eps, True)
+    want_loss, want_nll, want_grad = smoothed_by_hand(logits, target, eps)  # of the logits as given
+    assert loss.dtype == nll.dtype == torch.float32 and grad.dtype == dtype and grad.shape == (N, V)
+    torch.testing.assert_close(loss.double(), want_loss, rtol=2e-6, atol=2e-5)
+    torch.testing.assert_close(nll.double(), want_nll, rtol=2e-6, atol=2e-5)
+    # the gradient is computed in float32 (a few float32 ulps) and rounded once to the logits'
+    # dtype: within one bfloat16 step of the exact value rounded
+    tolerance = dict(rtol=2e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=2**-7, atol=1e-9)
+    torch.testing.assert_close(grad.double(), want_grad.to(dtype).double(), **tolerance)
+    no_grad = cpu_kernels.label_smoothed_ce(logits, target, eps, False)
+    assert no_grad[2].numel() == 0
+    torch.testing.assert_close(no_grad[0], loss, rtol=0, atol=0)
+
+
+def test_loss_kernel_keeps_nan_and_checks_the_targets():
+    logits = torch.randn(4, 10)
+    logits[2, 3] = float("nan")
+    for eps in (0.0, 0.1):
+        loss, nll, grad = cpu_kernels.label_smoothed_ce(logits, torch.tensor([1, 2, 3, 4]), eps, True)
+        assert torch.isnan(loss[2]) and torch.isnan(nll[2]) and torch.isnan(grad[2]).all()  # a diverged model shows
+        assert torch.isfinite(loss[[0, 1, 3]]).all() and torch.isfinite(grad[[0, 1, 3]]).all()
+    for bad in (10, -1):
+        with pytest.raises(RuntimeError, match=f"target {bad} at row 1 is out of bounds for 10 classes"):
+            cpu_kernels.label_smoothed_ce(logits, torch.tensor([0, bad, 0, 0]), 0.1, True)
+
+
+def test_what_the_loss_kernel_leaves_to_torch(monkeypatch):
+    logits = torch.randn(3, 5)
+    assert cpu_kernels.loss_eligible(logits) and cpu_kernels.loss_eligible(logits.bfloat16())
+    assert not cpu_kernels.loss_eligible(logits.double())
+    assert not cpu_kernels.loss_eligible(logits.half())
+    assert not cpu_kernels.loss_eligible(torch.empty(3, 5, device="meta"))
+    monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
+    assert not cpu_kernels.loss_eligible(logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_training_loss_is_the_same_with_and_without_the_kernel(dtype, monkeypatch):
+    """label_smoothed_loss through the kernel and through torch's operations: the loss, the NLL
+    and the gradient the backward pass hands on (scaled by the incoming gradient)."""
+    from aiayn.train.loss import label_smoothed_loss
+
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(70, 301, generator=g) * 4).to(dtype)
+    target = torch.randint(0, 301, (70,), generator=g)
+    results = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("AIAYN_CPU_KERNELS", switch)
+        leaf = logits.clone().requires_grad_()
+        loss, nll = label_smoothed_loss(leaf * 1.0, target, 0.1)  # a non-leaf input, as in a model
+        (loss / 7).backward()
+        with torch.no_grad():
+            eval_loss, _ = label_smoothed_loss(logits, target, 0.1)
+        results[switch] = loss, nll, leaf.grad, eval_loss
+    (loss_k, nll_k, grad_k, eval_k), (loss_t, nll_t, grad_t, eval_t) = results["1"], results["0"]
+    assert grad_k.dtype == grad_t.dtype == dtype
+    torch.testing.assert_close(loss_k, loss_t, rtol=1e-6, atol=0)
+    torch.testing.assert_close(nll_k, nll_t, rtol=1e-6, atol=0)
+    torch.testing.assert_close(eval_k, loss_k, rtol=0, atol=0)  # evaluation (no gradient): the same loss
+    torch.testing.assert_close(eval_t, loss_t, rtol=0, atol=0)
+    # bfloat16: the kernel rounds p - q, then its product with 1/7 (torch's path rounds once)
+    tolerance = dict(rtol=2e-6, atol=1e-8) if dtype == torch.float32 else dict(rtol=2**-7, atol=1e-9)
+    torch.testing.assert_close(grad_k, grad_t, **tolerance)

@@ -1,20 +1,28 @@
-"""A CPU kernel for decoding steps (not in the paper): attention (eq. 1) for a few queries.
+"""CPU kernels (not in the paper): attention (eq. 1) for a few queries at decoding steps, and the
+label-smoothed cross-entropy (§5.4) with its gradient for training.
 
 At a decoding step each row (sentence or beam) brings one new query per head, or a few when
 the beams of a sentence share its encoder-decoder keys and values (``EngineCache.expand``).
 ``F.scaled_dot_product_attention``'s fused CPU kernel tiles for long queries; with one query it
 spends most of a call on per-tile work (1.2-1.6 ms for 64 rows x 8 heads x 66 cached keys at the
 base shape, where the keys and values are 17 MB, read from L3 in ~0.3 ms). The C++ kernel in
-``csrc/decode_kernels.cpp`` streams each row's keys and values once for all of its heads and
+``csrc/cpu_kernels.cpp`` streams each row's keys and values once for all of its heads and
 queries: 1.6-2.4x faster per call (bench/attention_speed.py, docs/benchmarks.md).
 
-It is built from source by ``torch.utils.cpp_extension`` the first time it is needed (about
+The loss kernel (``label_smoothed_ce``) makes the loss, the NLL and the gradient p - q in three
+passes over each row of logits while it is in cache, reading bfloat16 logits (autocast's output
+projection) without a float32 copy of them and writing the gradient in their dtype. At the Ding
+preset (1,500 target tokens x 8,000 BPE tokens) torch's log_softmax, exp and copies took about 40
+ms of a bf16 training step on a Zen 4, the kernel about 10 (docs/benchmarks.md). Caller:
+``aiayn.train.loss``.
+
+Both are built from source by ``torch.utils.cpp_extension`` the first time either is needed (about
 20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``), one build per checkout and torch installation (``build_name``).
 Without a C++ compiler, or with ``EngineOptions(kernels=False)`` (``AIAYN_CPU_KERNELS=0``),
-torch's kernels do the work. Caller: the engine's decoding step (``step.py``); tests check the
-kernel against its formula. (A kernel for greedy search's argmax went by issue 25's 5% rule:
-0.99-1.02x end to end on the Xeon with AMX.)
+torch's kernels do the work. Callers: the engine's decoding step (``step.py``) and the training
+loss; tests check each kernel against its formula. (A kernel for greedy search's argmax went by
+issue 25's 5% rule: 0.99-1.02x end to end on the Xeon with AMX.)
 
 Legend: B rows, H heads, T queries, S keys, D_k / D_v per-head sizes.
 """
@@ -33,11 +41,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention"]
+__all__ = [
+    "MAX_QUERIES", "MAX_SCORES", "available", "eligible", "decode_attention", "loss_eligible", "label_smoothed_ce",
+]  # fmt: skip
 
 MAX_QUERIES = 16  # queries per row and head; longer ones (training, prompts) are torch's work
 MAX_SCORES = 128  # queries x keys per row and head above one query: beyond it torch's GEMMs win
-SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
 _state: dict[str, bool] = {}  # "ok": whether the build succeeded, once it has been tried
 _lock = threading.Lock()
 log = logging.getLogger("aiayn")
@@ -51,7 +61,9 @@ def _flags() -> tuple[list[str], list[str]]:
     if sys.platform == "win32":
         return ["/O2", "/openmp", *(["/arch:AVX2"] if vector else [])], []
     openmp = [] if sys.platform == "darwin" else ["-fopenmp"]
-    return ["-O3", *openmp, *(["-mavx2", "-mfma"] if vector else [])], openmp
+    # without -fno-trapping-math GCC vectorizes no loop that compares floats (exp_nonpositive):
+    # the loss kernel's exp ran 2.8x slower (scalar). The kernels never read the FP exception flags.
+    return ["-O3", *openmp, "-fno-trapping-math", *(["-mavx2", "-mfma"] if vector else [])], openmp
 
 
 def build_name() -> str:
@@ -88,7 +100,7 @@ def _build() -> bool:
     name = build_name()
     cached = _built(cpp_extension, name)
     if not cached:
-        log.info("building the CPU decoding kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
+        log.info("building the CPU kernels (once, about 20 s; AIAYN_CPU_KERNELS=0 skips them)")
     cflags, ldflags = _flags()
     path = os.environ.get("PATH")
     with contextlib.suppress(ImportError, AttributeError):
@@ -108,7 +120,7 @@ def _build() -> bool:
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         warnings.warn(
-            f"the CPU decoding kernels could not be built ({reason}); using torch's kernels instead",
+            f"the CPU kernels could not be built ({reason}); using torch's kernels instead",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -181,3 +193,23 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     """
     out = torch.ops.aiayn_cpu.decode_attention(q, k, v, mask)  # (B, T, H, D_v)
     return out.transpose(1, 2)  # (B, H, T, D_v)
+
+
+def loss_eligible(logits: Tensor) -> bool:
+    """Whether the loss kernel computes ``label_smoothed_loss`` for these logits: float32 or
+    bfloat16 on the CPU, not under torch.compile or forward-mode AD, and the kernels not turned
+    off (``AIAYN_CPU_KERNELS=0``)."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0 or torch.compiler.is_compiling():
+        return False
+    if os.environ.get("AIAYN_CPU_KERNELS", "1") == "0":
+        return False
+    return available()
+
+
+def label_smoothed_ce(logits: Tensor, target: Tensor, eps_ls: float, want_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row: the label-smoothed loss and the NLL (float32, ``(N,)``), and with ``want_grad`` the
+    gradient of the loss with respect to the logits, p - q, in the logits' dtype ``(N, V)``
+    (else an empty tensor). Call only where ``loss_eligible`` holds."""
+    return torch.ops.aiayn_cpu.label_smoothed_ce(logits, target, eps_ls, want_grad)

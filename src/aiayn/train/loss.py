@@ -11,6 +11,10 @@ p - q in place; the backward pass scales it by the incoming gradient. The autogr
 log_softmax, gather and mean allocates five (N, V) tensors and makes about twice as many
 passes over them; at the base shape (8,000 words, 2,000 target tokens) that was 9% of a CPU
 training step (torch.profiler), much of it first-touch page faults on freshly allocated memory.
+
+On the CPU a C++ kernel (``aiayn.engine.kernels.label_smoothed_ce``) does the same per row while
+the row is in cache, and reads bfloat16 logits (autocast) without a float32 copy of them; tests
+keep the two paths equal. ``AIAYN_CPU_KERNELS=0`` leaves torch's operations.
 """
 
 from __future__ import annotations
@@ -27,12 +31,21 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps_ls: float) -> tuple[Tensor, Tensor]:
+        ctx.grad_buffer, ctx.logits_dtype = None, logits.dtype
+        from aiayn.engine import kernels  # not at import: aiayn.engine imports the model
+
+        if kernels.loss_eligible(logits):
+            rows, nll_rows, grad = kernels.label_smoothed_ce(logits, target, eps_ls, ctx.needs_input_grad[0])
+            if ctx.needs_input_grad[0]:
+                ctx.grad_buffer = grad  # p - q, in the logits' dtype
+            nll_sum = nll_rows.sum()
+            ctx.mark_non_differentiable(nll_sum)
+            return rows.sum(), nll_sum
         wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
         buf = torch.log_softmax(wide, dim=-1)  # (N, V) log p, a new buffer
         nll = -buf.gather(-1, target[:, None]).squeeze(-1)  # (N,)
         smooth = -buf.mean(dim=-1)  # (N,)
         loss = ((1 - eps_ls) * nll + eps_ls * smooth).sum()
-        ctx.grad_buffer, ctx.logits_dtype = None, logits.dtype
         if ctx.needs_input_grad[0]:
             buf.exp_().sub_(eps_ls / buf.shape[-1])  # p - ε_ls / V
             buf.scatter_add_(-1, target[:, None], buf.new_full((target.numel(), 1), -(1 - eps_ls)))  # p - q

@@ -1,5 +1,8 @@
-// CPU kernel for decoding steps (not in the paper): attention for a few queries per row.
-// aiayn.engine.kernels builds this file on first use; tests check it against its formula.
+// CPU kernels (not in the paper). aiayn.engine.kernels builds this file on first use; tests check
+// each kernel against its formula.
+//
+// decode_attention: for decoding steps, attention for a few queries per row.
+// label_smoothed_ce: for training, the label-smoothed cross-entropy (§5.4) and its gradient.
 //
 // decode_attention: scaled dot-product attention (§3.2.1, eq. 1) of a few queries per row over
 // cached keys and values: softmax(Q Kᵀ / √d_k) V with a boolean mask (True = may attend).
@@ -14,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -36,27 +41,29 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// x <- e^x in place for x <= 0 (scores minus their row maximum); -inf (masked) gives 0.
-// Cephes' expf: e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by a degree-7
-// polynomial; written as one branch-free loop so that the compiler vectorizes it.
+// e^x for x <= 0 (scores minus their row maximum); -inf (masked) gives 0. Cephes' expf:
+// e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by a degree-7 polynomial;
+// branch-free, so that loops over it vectorize (with -fno-trapping-math: kernels.py's flags).
+inline float exp_nonpositive(float in) {
+  const float v = in < -87.f ? -87.f : in;
+  const float m = std::floor(v * 1.44269504088896341f + 0.5f);
+  const float r = v - m * 0.693359375f + m * 2.12194440e-4f;  // ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(m) + 127) << 23;  // 2^m
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return in < -87.f ? 0.f : p * scale;
+}
+
+// x <- e^x in place for x <= 0.
 inline void exp_nonpositive(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float in = x[i];
-    const float v = in < -87.f ? -87.f : in;
-    const float m = std::floor(v * 1.44269504088896341f + 0.5f);
-    const float r = v - m * 0.693359375f + m * 2.12194440e-4f;  // ln 2 in two parts
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    const int32_t bits = (static_cast<int32_t>(m) + 127) << 23;  // 2^m
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    x[i] = in < -87.f ? 0.f : p * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i]);
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -155,12 +162,90 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+
+// label_smoothed_ce: per row of logits z (N, V) and its target y, with p = softmax(z) and the
+// smoothed target q = (1 - eps) onehot(y) + eps / V,
+//   loss = -sum_v q_v log p_v = (1 - eps) (lse - z_y) + eps (lse - mean_v z_v),  lse = log sum_v e^z_v,
+//   nll = lse - z_y, and (if want_grad) the gradient d loss / d z = p - q, in z's dtype.
+// Three passes over a row that stays in cache (its maximum and sum; e^(z - max) into a float
+// scratch row; p - q), instead of torch's log_softmax, exp and scatter over whole (N, V) buffers,
+// and for bfloat16 logits no float32 copy of them. Accumulation in float32; logits float32 or
+// bfloat16. The sums vectorize by `omp simd` (reordered float sums, as torch's are). Returns (loss (N,), nll (N,), grad (N, V) or empty), loss and nll float32.
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
+
+template <typename T>
+void label_smoothed_rows(const T* z, const int64_t* y, float* loss, float* nll, T* grad, int64_t N, int64_t V,
+                         float eps) {
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(V);
+    float* ev = e.data();
+    for (int64_t i = begin; i < end; ++i) {
+      const T* x = z + i * V;
+      float m = -std::numeric_limits<float>::infinity(), total = 0.f;
+#pragma omp simd reduction(max : m) reduction(+ : total)
+      for (int64_t v = 0; v < V; ++v) {
+        const float xv = widen(x[v]);
+        m = xv > m ? xv : m;
+        total += xv;
+      }
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t v = 0; v < V; ++v) {
+        ev[v] = exp_nonpositive(widen(x[v]) - m);
+        s += ev[v];
+      }
+      const int64_t t = y[i];
+      const float lse = m + std::log(s);
+      nll[i] = lse - widen(x[t]);
+      loss[i] = (1.f - eps) * nll[i] + eps * (lse - total / static_cast<float>(V));
+      if (grad != nullptr) {
+        T* g = grad + i * V;
+        const float inv = 1.f / s, uniform = eps / static_cast<float>(V);
+        for (int64_t v = 0; v < V; ++v) g[v] = static_cast<T>(ev[v] * inv - uniform);
+        g[t] = static_cast<T>(ev[t] * inv - uniform - (1.f - eps));
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> label_smoothed_ce(const at::Tensor& logits, const at::Tensor& target,
+                                                                 double eps, bool want_grad) {
+  TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+              "expected logits (N, V) and target (N,)");
+  TORCH_CHECK(logits.device().is_cpu() && target.device().is_cpu(), "logits and target must be on the CPU");
+  TORCH_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16,
+              "logits must be float32 or bfloat16");
+  const at::Tensor z = logits.contiguous();
+  const at::Tensor y = target.to(at::kLong).contiguous();
+  const int64_t N = z.size(0), V = z.size(1);
+  TORCH_CHECK(V > 0, "logits need at least one class");
+  const int64_t* yp = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < N; ++i)
+    TORCH_CHECK(yp[i] >= 0 && yp[i] < V, "target ", yp[i], " at row ", i, " is out of bounds for ", V, " classes");
+  at::Tensor loss = at::empty({N}, z.options().dtype(at::kFloat));
+  at::Tensor nll = at::empty({N}, z.options().dtype(at::kFloat));
+  at::Tensor grad = at::empty({want_grad ? N : 0, want_grad ? V : 0}, z.options());
+  const float e = static_cast<float>(eps);
+  if (z.scalar_type() == at::kFloat) {
+    label_smoothed_rows<float>(z.data_ptr<float>(), yp, loss.data_ptr<float>(), nll.data_ptr<float>(),
+                               want_grad ? grad.data_ptr<float>() : nullptr, N, V, e);
+  } else {
+    label_smoothed_rows<c10::BFloat16>(z.data_ptr<c10::BFloat16>(), yp, loss.data_ptr<float>(),
+                                       nll.data_ptr<float>(), want_grad ? grad.data_ptr<c10::BFloat16>() : nullptr,
+                                       N, V, e);
+  }
+  return {loss, nll, grad};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(aiayn_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
+  m.def("label_smoothed_ce(Tensor logits, Tensor target, float eps, bool want_grad) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_cpu, CPU, m) {
   m.impl("decode_attention", &decode_attention);
+  m.impl("label_smoothed_ce", &label_smoothed_ce);
 }
