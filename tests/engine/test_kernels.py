@@ -1,8 +1,9 @@
-"""The CPU decoding kernel (engine/kernels.py): attention against the formula written out by
+"""The CPU kernels (engine/kernels.py): decoding attention against the formula written out by
 hand and against torch's fused kernel, and end to end: decoding gives the same tokens with it
-and without it. Where no C++ compiler is installed the kernel cannot be built and these tests
-skip (as with AIAYN_CPU_KERNELS=0, which the CLI maps to
-``EngineOptions(kernels=False)``); where one is (CI), a failed build fails them."""
+and without it; the training loss against its float64 formula and torch's operations. Where no
+C++ compiler is installed the kernels cannot be built and these tests skip (as with
+AIAYN_CPU_KERNELS=0, which the CLI maps to ``EngineOptions(kernels=False)``); where one is (CI),
+a failed build fails them."""
 
 import inspect
 import math
@@ -395,6 +396,8 @@ def test_loss_kernel_keeps_nan_and_checks_the_targets():
     for bad in (10, -1):
         with pytest.raises(RuntimeError, match=f"target {bad} at row 1 is out of bounds for 10 classes"):
             cpu_kernels.label_smoothed_ce(logits, torch.tensor([0, bad, 0, 0]), 0.1, True)
+    with pytest.raises(RuntimeError, match="target must be int64"):
+        cpu_kernels.label_smoothed_ce(logits, torch.tensor([0, 1, 0, 0], dtype=torch.int32), 0.1, True)
 
 
 def test_what_the_loss_kernel_leaves_to_torch(monkeypatch):
@@ -416,7 +419,9 @@ def test_the_training_loss_is_the_same_with_and_without_the_kernel(dtype, monkey
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn(70, 301, generator=g) * 4).to(dtype)
     target = torch.randint(0, 301, (70,), generator=g)
-    results = {}
+    results, calls = {}, []
+    kernel = cpu_kernels.label_smoothed_ce
+    monkeypatch.setattr(cpu_kernels, "label_smoothed_ce", lambda *args: calls.append(args[3]) or kernel(*args))
     for switch in ("1", "0"):
         monkeypatch.setenv("AIAYN_CPU_KERNELS", switch)
         leaf = logits.clone().requires_grad_()
@@ -425,6 +430,7 @@ def test_the_training_loss_is_the_same_with_and_without_the_kernel(dtype, monkey
         with torch.no_grad():
             eval_loss, _ = label_smoothed_loss(logits, target, 0.1)
         results[switch] = loss, nll, leaf.grad, eval_loss
+    assert calls == [True, False]  # the kernel ran with the switch on: training, then evaluation
     (loss_k, nll_k, grad_k, eval_k), (loss_t, nll_t, grad_t, eval_t) = results["1"], results["0"]
     assert grad_k.dtype == grad_t.dtype == dtype
     torch.testing.assert_close(loss_k, loss_t, rtol=1e-6, atol=0)

@@ -19,8 +19,9 @@ ms of a bf16 training step on a Zen 4, the kernel about 10 (docs/benchmarks.md).
 Both are built from source by ``torch.utils.cpp_extension`` the first time either is needed (about
 20 s here, once), in torch's own extension cache (``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``), one build per checkout and torch installation (``build_name``).
-Without a C++ compiler, or with ``EngineOptions(kernels=False)`` (``AIAYN_CPU_KERNELS=0``),
-torch's kernels do the work. Callers: the engine's decoding step (``step.py``) and the training
+Without a C++ compiler torch's operations do the work; ``EngineOptions(kernels=False)`` turns
+off the attention kernel for a prepared model, and ``AIAYN_CPU_KERNELS=0`` both (the CLI maps it
+into the options; the loss reads it). Callers: the engine's decoding step (``step.py``) and the training
 loss; tests check each kernel against its formula. (A kernel for greedy search's argmax went by
 issue 25's 5% rule: 0.99-1.02x end to end on the Xeon with AMX.)
 

@@ -1,12 +1,13 @@
 """The engine's choices, made once in one visible place (not in the paper).
 
-``EngineOptions`` is a frozen object passed to ``prepare``; nothing in the engine reads the
-environment or a module global at call time. The CLI maps the environment variables a user
-may set into it (``from_environ``):
+``EngineOptions`` is a frozen object passed to ``prepare``; nothing in the engine's decoding reads
+the environment or a module global at call time. (The training loss, which has no prepared model
+to carry options, reads ``AIAYN_CPU_KERNELS`` at each call: ``kernels.loss_eligible``.) The CLI
+maps the environment variables a user may set into it (``from_environ``):
 
 | field | variable | what it turns on |
 |---|---|---|
-| ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention kernel (``kernels.py``) |
+| ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention kernel (``kernels.py``; and the loss kernel) |
 | ``gemm`` | ``AIAYN_CPU_GEMM=auto|onednn|mkl`` | how float32 CPU products run (``linear.py``) |
 """
 

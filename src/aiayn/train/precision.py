@@ -3,7 +3,8 @@
 Not in the paper (which trained in float32 on P100s). bfloat16 keeps float32's exponent range, so
 no loss scaling is needed; parameters, gradients as accumulated and Adam's state stay float32,
 and autocast runs the products (``mm``, ``addmm``) in bfloat16 while layer norm, softmax and the
-label-smoothed loss stay in float32 (the loss upcasts its logits: ``loss.py``).
+label-smoothed loss stay in float32 (the loss reads bfloat16 logits and accumulates in float32:
+``loss.py``).
 
 ``train.amp``:
 - ``auto`` (default): bfloat16 on CUDA where the GPU supports it; on a CPU only where it has

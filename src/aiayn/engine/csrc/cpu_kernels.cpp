@@ -41,11 +41,11 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// e^x for x <= 0 (scores minus their row maximum); -inf (masked) gives 0. Cephes' expf:
+// e^x for x <= 0 (scores minus their row maximum); -inf (masked) gives 0, NaN NaN. Cephes' expf:
 // e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by a degree-7 polynomial;
 // branch-free, so that loops over it vectorize (with -fno-trapping-math: kernels.py's flags).
 inline float exp_nonpositive(float in) {
-  const float v = in < -87.f ? -87.f : in;
+  const float v = in >= -87.f ? in : -87.f;  // NaN too: the int conversion below needs a number
   const float m = std::floor(v * 1.44269504088896341f + 0.5f);
   const float r = v - m * 0.693359375f + m * 2.12194440e-4f;  // ln 2 in two parts
   float p = 1.9875691500e-4f;
@@ -58,7 +58,7 @@ inline float exp_nonpositive(float in) {
   const int32_t bits = (static_cast<int32_t>(m) + 127) << 23;  // 2^m
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return in < -87.f ? 0.f : p * scale;
+  return in < -87.f ? 0.f : (in == in ? p * scale : in);  // NaN stays NaN
 }
 
 // x <- e^x in place for x <= 0.
@@ -217,7 +217,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> label_smoothed_ce(const at::Tenso
   TORCH_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16,
               "logits must be float32 or bfloat16");
   const at::Tensor z = logits.contiguous();
-  const at::Tensor y = target.to(at::kLong).contiguous();
+  TORCH_CHECK(target.scalar_type() == at::kLong, "target must be int64 (as torch's gather takes it)");
+  const at::Tensor y = target.contiguous();
   const int64_t N = z.size(0), V = z.size(1);
   TORCH_CHECK(V > 0, "logits need at least one class");
   const int64_t* yp = y.data_ptr<int64_t>();
