@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..engine import kernels
+
 __all__ = ["label_smoothed_loss"]
 
 
@@ -31,25 +33,20 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps_ls: float) -> tuple[Tensor, Tensor]:
-        ctx.grad_buffer, ctx.logits_dtype = None, logits.dtype
-        from aiayn.engine import kernels  # not at import: aiayn.engine imports the model
-
+        want_grad = ctx.needs_input_grad[0]
         if kernels.loss_eligible(logits):
-            rows, nll_rows, grad = kernels.label_smoothed_ce(logits, target, eps_ls, ctx.needs_input_grad[0])
-            if ctx.needs_input_grad[0]:
-                ctx.grad_buffer = grad  # p - q, in the logits' dtype
-            nll_sum = nll_rows.sum()
-            ctx.mark_non_differentiable(nll_sum)
-            return rows.sum(), nll_sum
-        wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-        buf = torch.log_softmax(wide, dim=-1)  # (N, V) log p, a new buffer
-        nll = -buf.gather(-1, target[:, None]).squeeze(-1)  # (N,)
-        smooth = -buf.mean(dim=-1)  # (N,)
-        loss = ((1 - eps_ls) * nll + eps_ls * smooth).sum()
-        if ctx.needs_input_grad[0]:
-            buf.exp_().sub_(eps_ls / buf.shape[-1])  # p - ε_ls / V
-            buf.scatter_add_(-1, target[:, None], buf.new_full((target.numel(), 1), -(1 - eps_ls)))  # p - q
-            ctx.grad_buffer = buf
+            rows, nll, buf = kernels.label_smoothed_ce(logits, target, eps_ls, want_grad)  # buf: p - q
+            loss = rows.sum()
+        else:
+            wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+            buf = torch.log_softmax(wide, dim=-1)  # (N, V) log p, a new buffer
+            nll = -buf.gather(-1, target[:, None]).squeeze(-1)  # (N,)
+            smooth = -buf.mean(dim=-1)  # (N,)
+            loss = ((1 - eps_ls) * nll + eps_ls * smooth).sum()
+            if want_grad:
+                buf.exp_().sub_(eps_ls / buf.shape[-1])  # p - ε_ls / V
+                buf.scatter_add_(-1, target[:, None], buf.new_full((target.numel(), 1), -(1 - eps_ls)))  # p - q
+        ctx.grad_buffer, ctx.logits_dtype = (buf if want_grad else None), logits.dtype
         nll_sum = nll.sum()
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum

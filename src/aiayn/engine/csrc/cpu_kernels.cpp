@@ -162,7 +162,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-
 // label_smoothed_ce: per row of logits z (N, V) and its target y, with p = softmax(z) and the
 // smoothed target q = (1 - eps) onehot(y) + eps / V,
 //   loss = -sum_v q_v log p_v = (1 - eps) (lse - z_y) + eps (lse - mean_v z_v),  lse = log sum_v e^z_v,
@@ -170,7 +169,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // Three passes over a row that stays in cache (its maximum and sum; e^(z - max) into a float
 // scratch row; p - q), instead of torch's log_softmax, exp and scatter over whole (N, V) buffers,
 // and for bfloat16 logits no float32 copy of them. Accumulation in float32; logits float32 or
-// bfloat16. The sums vectorize by `omp simd` (reordered float sums, as torch's are). Returns (loss (N,), nll (N,), grad (N, V) or empty), loss and nll float32.
+// bfloat16. The sums vectorize by `omp simd` (reordered float sums, as torch's are). Returns
+// (loss (N,), nll (N,), grad (N, V) or empty), loss and nll float32.
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
 
