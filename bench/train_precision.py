@@ -2,7 +2,9 @@
 model widths, in one run: what ``train.amp: auto`` decides between (``aiayn/train/precision.py``).
 
 Real Ding training batches as the trainer makes them (joint BPE of ``--vocab`` tokens, batches of
-<= ``--max-tokens`` positions a side), a pre-norm encoder-decoder of ``--layers`` + ``--dec-layers``
+<= ``--max-tokens`` positions a side; the training sentences alone, or with ``--phrases 0.5`` the
+preset's mix: a seeded draw of 0.5 dictionary phrase pairs per sentence pair, tagged, as in the
+trainer's first epoch), a pre-norm encoder-decoder of ``--layers`` + ``--dec-layers``
 layers (the preset's 1 + 5; 3 + 3 before it), d_ff = 4 d_model, ``--heads`` heads (the preset's 2; 4
 before it), P_drop 0.1, label smoothing 0.1, Adam;
 one training step = forward, backward and the update. The two precisions take their steps on the
@@ -11,8 +13,8 @@ the machine falls on both. Tokens/s
 counts non-pad source + target tokens; each precision's model FLOPs are stated as a fraction of
 its own matmul peak (fp32's, or bf16's, measured in the same run).
 
-With ``--compare adam`` the two variants are instead fp32 with Adam's multi-tensor (foreach)
-update, the trainer's on the CPU, and fp32 with its fused CPU kernel: an A/B of the optimizer.
+With ``--compare adam`` the variants are instead fp32 and bf16, each with Adam's multi-tensor
+(foreach) update and with its fused CPU kernel (the trainer's): an A/B of the optimizer.
 With ``--compare compile`` they are fp32 eager (the trainer's default), fp32 under
 ``torch.compile(model, dynamic=True)`` (``train.compile``) and bf16 under both; the table adds
 the seconds the warm-up steps took, compiling included.
@@ -28,7 +30,7 @@ products' speed-up over fp32's; with them, the most a faster product could give
 (1 / (1 - products)) is read off the table.
 
     python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile|loss]
-        [--profile 20]
+        [--profile 20] [--phrases 0.5]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from aiayn import ModelConfig, Transformer
 from aiayn.data.batching import TokenBatcher
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.train.config import RunConfig
+from aiayn.train.data import load_phrases, sample_phrases
 from aiayn.train.objectives import Translation
 from aiayn.train.precision import Precision, native_bf16
 from common import bf16_peak, machine, matmul_peak, table, write_result
@@ -82,12 +85,21 @@ def profile_steps(step, batches: list) -> dict[str, float]:
     }
 
 
-def ding_batches(vocab: int, max_tokens: int, count: int) -> tuple[list, int]:
+def ding_batches(vocab: int, max_tokens: int, count: int, phrases: float = 0.0) -> tuple[list, int]:
+    """The first ``count`` batches of a shuffled epoch: the training sentences and, with ``phrases``
+    > 0, that many of Ding's phrase pairs per sentence pair (a seeded draw, as the trainer's epoch
+    0 has; ``<phrase>``-tagged where the preset tags them); the BPE learnt on what is batched."""
     src = (DATA / "train.de").read_text(encoding="utf-8").splitlines()
     tgt = (DATA / "train.en").read_text(encoding="utf-8").splitlines()
-    tokenizer = Tokenizer.train(src + tgt, vocab)
+    pairs = list(zip(src, tgt, strict=True))
+    pool = load_phrases(PRESET.data, log=lambda _: None) if phrases > 0 else []
+    extra = sample_phrases(pool, phrases, len(pairs), PRESET.train.seed)
+    tag = bool(extra) and PRESET.data.phrase_tag
+    tokenizer = Tokenizer.train([text for pair in pairs + extra for text in pair], vocab, phrase_tag=tag)
     objective = Translation()
-    examples, _ = objective.encode(tokenizer, list(zip(src, tgt, strict=True)), 64)
+    examples, _ = objective.encode(tokenizer, pairs, PRESET.data.max_len)
+    drawn, _ = objective.encode(tokenizer, extra, PRESET.data.max_len - tag)
+    examples += [([tokenizer.phrase_id, *s], t) if tag else (s, t) for s, t in drawn]
     batches = TokenBatcher(objective.lengths(examples), max_tokens, seed=0).epoch(0)[:count]
     config = ModelConfig.tiny(tokenizer.vocab_size)
     return [objective.collate([examples[i] for i in b], config, 0) for b in batches], tokenizer.vocab_size
@@ -106,21 +118,25 @@ def main() -> None:
         "--dec-layers", type=int, default=PRESET.model.get("N_dec"),
         help="the decoder's layers (the preset's, also when --layers is given)",
     )  # fmt: skip
-    parser.add_argument("--adam", choices=["foreach", "fused"], default="foreach", help="Adam's CPU implementation")
+    parser.add_argument("--adam", choices=["foreach", "fused"], default="fused", help="Adam's CPU implementation")
     parser.add_argument(
         "--compare", choices=["precision", "adam", "compile", "loss"], default="precision",
-        help="precision: fp32 against bf16 (with --adam); adam: fp32 with foreach against fused Adam; "
+        help="precision: fp32 against bf16 (with --adam); adam: fp32 and bf16, each with foreach and fused Adam; "
         "compile: fp32 eager against fp32 and bf16 under torch.compile; loss: fp32 and bf16 with torch's "
         "loss and with the C++ loss kernel",
     )  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps per variant (0: off)")
+    parser.add_argument(
+        "--phrases", type=float, default=0.0,
+        help=f"phrase pairs per sentence pair mixed into the batches (the preset's: {PRESET.data.phrases:g})",
+    )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cpu")
     print("measuring the matmul peaks ...", flush=True)
     peak32, peak16 = matmul_peak(), bf16_peak()
     peaks = {"fp32": peak32, "bf16": peak16}
     print(f"fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s; native bf16: {native_bf16(device)}")
-    batches, vocab = ding_batches(args.vocab, args.max_tokens, args.steps + args.block)
+    batches, vocab = ding_batches(args.vocab, args.max_tokens, args.steps + args.block, args.phrases)
     objective = Translation()
     rows = []
     for d_model in args.d_model:
@@ -132,7 +148,10 @@ def main() -> None:
         variants = {"fp32": ("fp32", args.adam, False), "bf16": ("bf16", args.adam, False)}
         kernel = {}  # variant -> whether the loss kernel runs (unset: as the environment says)
         if args.compare == "adam":
-            variants = {"fp32": ("fp32", "foreach", False), "fp32, fused Adam": ("fp32", "fused", False)}
+            variants = {
+                "fp32": ("fp32", "foreach", False), "fp32, fused Adam": ("fp32", "fused", False),
+                "bf16": ("bf16", "foreach", False), "bf16, fused Adam": ("bf16", "fused", False),
+            }  # fmt: skip
         if args.compare == "compile":
             variants = {
                 "fp32": ("fp32", args.adam, False), "fp32, compiled": ("fp32", args.adam, True),
@@ -208,6 +227,7 @@ def main() -> None:
     result = {
         "benchmark": name, "command": "python " + " ".join(sys.argv), "machine": machine(),
         "native_bf16": native_bf16(device), "layers": [args.layers, args.dec_layers], "heads": args.heads,
+        "phrases": args.phrases,
         "matmul_peak_gflops": round(peak32 / 1e9, 1),
         "bf16_matmul_peak_gflops": round(peak16 / 1e9, 1), "rows": rows,
     }  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import safetensors
+import safetensors.torch
 import tests.train.test_checkpoint as checkpoint_tests
 import torch
 import torch.nn.functional as F
@@ -162,6 +163,7 @@ def test_adam_takes_the_configured_betas_and_eps(tmp_path, corpus):
         with safetensors.safe_open(str(path / "optimizer.safetensors"), framework="pt") as f:
             (group,) = json.loads(f.metadata()["param_groups"])
             assert (group["betas"], group["eps"]) == ([beta1, beta2], eps)
+            assert group["fused"], "Adam's fused kernel (on the CPU since torch 2.4)"
             moments[step] = {key: f.get_tensor(key).double() for key in f.keys()}  # noqa: SIM118
         weights[step] = [p.detach().double() for p in Transformer.from_pretrained(path).parameters()]
 
@@ -180,6 +182,26 @@ def test_adam_takes_the_configured_betas_and_eps(tmp_path, corpus):
         torch.testing.assert_close(after - before, update(i, eps), rtol=1e-3, atol=1e-6, msg=f"parameter {i}")
     # the check can tell: Adam's default eps would have stepped differently
     assert max((update(i, 1e-8) - update(i, eps)).abs().max().item() for i in range(len(weights[1]))) > 1e-4
+
+
+def test_a_resumed_run_updates_with_this_machines_adam_kernel(tmp_path, corpus):
+    """A checkpoint saved with the multi-tensor update (an older aiayn, or a torch without the fused
+    CPU kernel) resumes with the fused one: the kernel is the machine's, not the saved run's."""
+    config = write_config(tmp_path, corpus, max_steps=2, checkpoint_every=1, eval_every=100, amp=False)
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    saved = tmp_path / "run" / "checkpoints" / "step_00000002" / "optimizer.safetensors"
+    with safetensors.safe_open(str(saved), framework="pt") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+        groups = json.loads(f.metadata()["param_groups"])
+    for group in groups:
+        group.update(fused=None, foreach=True)
+    safetensors.torch.save_file(tensors, str(saved), metadata={"param_groups": json.dumps(groups)})
+    config = write_config(tmp_path, corpus, max_steps=3, checkpoint_every=1, eval_every=100, amp=False)
+    train(RunConfig.from_yaml(config), tmp_path / "run", resume=True, **QUIET)
+    resumed = tmp_path / "run" / "checkpoints" / "step_00000003" / "optimizer.safetensors"
+    with safetensors.safe_open(str(resumed), framework="pt") as f:
+        (group,) = json.loads(f.metadata()["param_groups"])
+    assert group["fused"] and not group["foreach"]
 
 
 # Label smoothing ------------------------------------------------------------------------------
