@@ -1,0 +1,165 @@
+"""An A/B of two training runs by turns: two ``aiayn train`` processes that differ by some
+overrides (``--a``, ``--b``), run one at a time in slices of ``--slice`` seconds (the other held
+by SIGSTOP), so that both meet the same machine. On a shared 2-core machine whose speed drifts
+10-20% over minutes, runs one after the other cannot tell 5% apart; these can (two identical
+runs read 1.01-1.02x). POSIX only.
+
+Each run trains ``--steps`` steps of the config (no validation unless the overrides ask for it);
+its tokens/s are those the trainer logs per step (metrics.jsonl: source + target positions over
+the step's wall time, batching included). A step that held a pause lasts at least one slice and
+is dropped (the count is reported); the first ``--skip`` steps are left out as warm-up. The
+table gives each run's tokens/s in ``--windows`` windows of steps and over all, and B / A.
+
+This is the trainer's own loop over its whole first epochs, one precision per process, as a user
+runs it. ``bench/train_precision.py`` times the first ~100 steps from initialisation in one
+process and reads bf16 higher than whole runs do (docs/benchmarks.md).
+
+    python bench/train_ab.py --a "--train.amp false" --b "--train.amp true" [--steps 600]
+        [--config configs/ding.yaml] [--slice 2] [--name train_ab_precision]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine, table, write_result
+
+ROOT = Path(__file__).parent.parent
+
+
+def steps_of(out: Path) -> list[dict]:
+    """The train records of a run's metrics.jsonl (none yet: [])."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the line being written
+            continue
+        if record.get("kind") == "train":
+            records.append(record)
+    return records
+
+
+def by_turns(commands: dict[str, list[str]], logs: dict[str, Path], slice_s: float, progress) -> None:
+    """Run ``commands`` one at a time, ``slice_s`` seconds each by turns, until all have exited."""
+    procs = {}
+    for name, command in commands.items():
+        procs[name] = subprocess.Popen(
+            command, cwd=ROOT, stdout=logs[name].open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )  # fmt: skip
+        os.killpg(procs[name].pid, signal.SIGSTOP)
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            for p in procs.values():
+                if p.poll() is not None:
+                    continue
+                os.killpg(p.pid, signal.SIGCONT)
+                alone = sum(q.poll() is None for q in procs.values()) == 1
+                if alone:  # the other has finished: no one to share with
+                    p.wait()
+                else:
+                    time.sleep(slice_s)
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGSTOP)
+                progress()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                p.terminate()
+                p.wait()
+    for name, p in procs.items():
+        if p.returncode != 0:
+            tail = "".join(logs[name].read_text().splitlines(keepends=True)[-15:])
+            raise SystemExit(f"run {name} failed (exit {p.returncode}); the end of {logs[name]}:\n{tail}")
+
+
+def rate(records: list[dict]) -> float:
+    """Positions per second over ``records``: their positions over their summed step times."""
+    return sum(r["tokens"] for r in records) / sum(r["tokens"] / r["tokens_per_s"] for r in records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", required=True, help='run A\'s overrides, e.g. "--train.amp false"')
+    parser.add_argument("--b", required=True, help="run B's overrides")
+    parser.add_argument("--config", default="configs/ding.yaml")
+    parser.add_argument("--steps", type=int, default=600, help="training steps of each run")
+    parser.add_argument("--slice", type=float, default=2.0, help="seconds per turn")
+    parser.add_argument("--skip", type=int, default=10, help="warm-up steps left out")
+    parser.add_argument("--windows", type=int, default=4, help="windows of steps in the table")
+    parser.add_argument("--name", default="train_ab", help="the result's name (bench/results/NAME.json)")
+    args = parser.parse_args()
+    from tqdm import tqdm
+
+    work = Path(tempfile.mkdtemp(prefix="train_ab_"))
+    runs = {"A": args.a, "B": args.b}
+    outs = {name: work / name for name in runs}
+    commands = {
+        name: [
+            sys.executable, "-m", "aiayn", "train", "--config", args.config, "--out", str(outs[name]),
+            "--train.max_steps", str(args.steps), "--train.max_time", "null", "--train.eval_every", "1000000",
+            *shlex.split(overrides),
+        ]
+        for name, overrides in runs.items()
+    }  # fmt: skip
+    logs = {name: work / f"{name}.log" for name in runs}
+    bar = tqdm(total=2 * args.steps, desc="steps, both runs", unit="step")
+
+    def progress() -> None:
+        bar.update(sum(len(steps_of(out)) for out in outs.values()) - bar.n)
+
+    print(f"runs and logs in {work}", flush=True)
+    by_turns(commands, logs, args.slice, progress)
+    bar.close()
+
+    kept, dropped, precision = {}, {}, {}
+    for name, out in outs.items():
+        records = [r for r in steps_of(out) if r["step"] > args.skip]
+        seconds = sorted(r["tokens"] / r["tokens_per_s"] for r in records)
+        if seconds[len(seconds) // 2] > args.slice / 4:
+            raise SystemExit(f"run {name}'s steps take {seconds[len(seconds) // 2]:.2f} s: make --slice longer")
+        kept[name] = [r for r in records if r["tokens"] / r["tokens_per_s"] < 0.5 * args.slice]  # held no pause
+        dropped[name] = len(records) - len(kept[name])
+        lines = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+        precision[name] = next((r["precision"] for r in lines if r.get("kind") == "precision"), None)
+    rows = []
+    bounds = [args.skip + (args.steps - args.skip) * i // args.windows for i in range(args.windows + 1)]
+    for lo, hi in itertools.pairwise(bounds):
+        window = {name: [r for r in kept[name] if lo < r["step"] <= hi] for name in runs}
+        if all(window.values()):
+            a, b = rate(window["A"]), rate(window["B"])
+            rows.append({"steps": f"{lo + 1}-{hi}", "A": round(a), "B": round(b), "ratio": round(b / a, 3)})
+    a, b = rate(kept["A"]), rate(kept["B"])
+    whole = f"all ({args.skip + 1}-{args.steps})"
+    rows.append({"steps": whole, "A": round(a), "B": round(b), "ratio": round(b / a, 3)})
+    result = {
+        "benchmark": "train_ab", "command": "python " + shlex.join(sys.argv), "machine": machine(),
+        "config": args.config, "a": args.a, "b": args.b, "precision": precision, "slice_s": args.slice,
+        "dropped_steps": dropped, "rows": rows,
+    }  # fmt: skip
+    path = write_result(args.name, result)
+    print(f"\nA: {args.a} (precision {precision['A']}); B: {args.b} (precision {precision['B']})")
+    print(f"steps dropped for holding a pause: A {dropped['A']}, B {dropped['B']}\n")
+    columns = [("steps", "steps"), ("A", "A tokens/s"), ("B", "B tokens/s"), ("ratio", "B / A")]
+    print(table(rows, columns))
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()
