@@ -1,5 +1,6 @@
 """An A/B of two training runs by turns: two ``aiayn train`` processes that differ by some
-overrides (``--a``, ``--b``), run one at a time in slices of ``--slice`` seconds (the other held
+overrides (``--a``, ``--b``; leading ``NAME=value`` words set a run's
+environment), run one at a time in slices of ``--slice`` seconds (the other held
 by SIGSTOP), so that both meet the same machine. On a shared 2-core machine whose speed drifts
 10-20% over minutes, runs one after the other cannot tell 5% apart; these can (two identical
 runs read 1.01-1.02x). POSIX only.
@@ -24,6 +25,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -55,12 +57,15 @@ def steps_of(out: Path) -> list[dict]:
     return records
 
 
-def by_turns(commands: dict[str, list[str]], logs: dict[str, Path], slice_s: float, progress) -> None:
-    """Run ``commands`` one at a time, ``slice_s`` seconds each by turns, until all have exited."""
+def by_turns(
+    commands: dict[str, list[str]], envs: dict[str, dict], logs: dict[str, Path], slice_s: float, progress
+) -> None:
+    """Run ``commands`` (in ``envs``) one at a time, ``slice_s`` seconds each by turns, until all have exited."""
     procs = {}
     for name, command in commands.items():
         procs[name] = subprocess.Popen(
-            command, cwd=ROOT, stdout=logs[name].open("w"), stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=ROOT, env=envs[name], stdout=logs[name].open("w"), stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
         os.killpg(procs[name].pid, signal.SIGSTOP)
     try:
@@ -96,7 +101,10 @@ def rate(records: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help='run A\'s overrides, e.g. "--train.amp false"')
+    parser.add_argument(
+        "--a", required=True,
+        help='run A\'s overrides, e.g. "--train.amp false"; leading NAME=value words set its environment',
+    )  # fmt: skip
     parser.add_argument("--b", required=True, help="run B's overrides")
     parser.add_argument("--config", default="configs/ding.yaml")
     parser.add_argument("--steps", type=int, default=600, help="training steps of each run")
@@ -110,14 +118,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="train_ab_"))
     runs = {"A": args.a, "B": args.b}
     outs = {name: work / name for name in runs}
-    commands = {
-        name: [
+    commands, envs = {}, {}
+    for name, overrides in runs.items():
+        words = shlex.split(overrides)
+        settings = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Za-z_]\w*=.*", w) is not None, words))
+        envs[name] = dict(os.environ, **dict(w.split("=", 1) for w in settings))  # NAME=value first: environment
+        commands[name] = [
             sys.executable, "-m", "aiayn", "train", "--config", args.config, "--out", str(outs[name]),
             "--train.max_steps", str(args.steps), "--train.max_time", "null", "--train.eval_every", "1000000",
-            *shlex.split(overrides),
-        ]
-        for name, overrides in runs.items()
-    }  # fmt: skip
+            *words[len(settings) :],
+        ]  # fmt: skip
     logs = {name: work / f"{name}.log" for name in runs}
     bar = tqdm(total=2 * args.steps, desc="steps, both runs", unit="step")
 
@@ -125,7 +135,7 @@ def main() -> None:
         bar.update(sum(len(steps_of(out)) for out in outs.values()) - bar.n)
 
     print(f"runs and logs in {work}", flush=True)
-    by_turns(commands, logs, args.slice, progress)
+    by_turns(commands, envs, logs, args.slice, progress)
     bar.close()
 
     kept, dropped, precision = {}, {}, {}
