@@ -1,15 +1,17 @@
 """An A/B of two training runs by turns: two ``aiayn train`` processes that differ by some
-overrides (``--a``, ``--b``; leading ``NAME=value`` words set a run's
-environment), run one at a time in slices of ``--slice`` seconds (the other held
-by SIGSTOP), so that both meet the same machine. On a shared 2-core machine whose speed drifts
-10-20% over minutes, runs one after the other cannot tell 5% apart; these can (two identical
-runs read 1.01-1.02x). POSIX only.
+overrides (``--a``, ``--b``; leading ``NAME=value`` words set a run's environment), run one at a
+time in turns of ``--slice`` seconds (the other held by SIGSTOP), each turn going to the run that
+has logged fewer steps, so that both take each stretch of steps on the same machine at about the
+same time. On a shared 2-core machine whose speed drifts 10-20% over minutes, runs one after the
+other cannot tell 5% apart; two identical runs read by turns (docs/benchmarks.md) show how
+close these come. POSIX only.
 
 Each run trains ``--steps`` steps of the config (no validation unless the overrides ask for it);
 its tokens/s are those the trainer logs per step (metrics.jsonl: source + target positions over
-the step's wall time, batching included). A step that held a pause lasts at least one slice and
-is dropped (the count is reported); the first ``--skip`` steps are left out as warm-up. The
-table gives each run's tokens/s in ``--windows`` windows of steps and over all, and B / A.
+the step's wall time, batching included). A step that held a pause lasts at least one slice; it
+is dropped from both runs (the same steps, the same batches, are compared; the count is
+reported). The first ``--skip`` steps are left out as warm-up. The table gives each run's
+tokens/s in ``--windows`` windows of steps and over all, and B / A.
 
 This is the trainer's own loop over its whole first epochs, one precision per process, as a user
 runs it. ``bench/train_precision.py`` times the first ~100 steps from initialisation in one
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,40 +61,51 @@ def steps_of(out: Path) -> list[dict]:
 
 
 def by_turns(
-    commands: dict[str, list[str]], envs: dict[str, dict], logs: dict[str, Path], slice_s: float, progress
-) -> None:
-    """Run ``commands`` (in ``envs``) one at a time, ``slice_s`` seconds each by turns, until all have exited."""
-    procs = {}
-    for name, command in commands.items():
-        procs[name] = subprocess.Popen(
-            command, cwd=ROOT, env=envs[name], stdout=logs[name].open("w"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        os.killpg(procs[name].pid, signal.SIGSTOP)
+    commands: dict[str, list[str]], envs: dict[str, dict], outs: dict[str, Path], logs: dict[str, Path],
+    slice_s: float, progress: Callable[[], None],
+) -> None:  # fmt: skip
+    """Run ``commands`` (in ``envs``) one at a time, ``slice_s`` seconds a turn, each turn going to
+    the run that has logged fewer steps (on a tie, the one that waited), so that the two take each
+    stretch of steps at about the same time; until both have exited. A run that fails stops both."""
+    procs: dict[str, subprocess.Popen] = {}
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill of the harness runs `finally`
     try:
-        while any(p.poll() is None for p in procs.values()):
-            for p in procs.values():
-                if p.poll() is not None:
-                    continue
-                os.killpg(p.pid, signal.SIGCONT)
-                alone = sum(q.poll() is None for q in procs.values()) == 1
-                if alone:  # the other has finished: no one to share with
-                    p.wait()
-                else:
-                    time.sleep(slice_s)
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGSTOP)
-                progress()
+        for name, command in commands.items():
+            procs[name] = subprocess.Popen(
+                command, cwd=ROOT, env=envs[name], stdout=logs[name].open("w"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            os.killpg(procs[name].pid, signal.SIGSTOP)
+        last = None
+        while True:
+            for name, p in procs.items():
+                if p.poll() not in (None, 0):
+                    tail = "".join(logs[name].read_text().splitlines(keepends=True)[-15:])
+                    raise SystemExit(f"run {name} failed (exit {p.returncode}); the end of {logs[name]}:\n{tail}")
+            alive = [name for name, p in procs.items() if p.poll() is None]
+            if not alive:
+                return
+            name = min(alive, key=lambda n: (len(steps_of(outs[n])), n == last))
+            p, last = procs[name], name
+            os.killpg(p.pid, signal.SIGCONT)
+            if len(alive) == 1:  # the other has finished: no one to share with
+                p.wait()
+            else:
+                time.sleep(slice_s)
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGSTOP)
+            progress()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in procs.values():
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGCONT)
-                p.terminate()
-                p.wait()
-    for name, p in procs.items():
-        if p.returncode != 0:
-            tail = "".join(logs[name].read_text().splitlines(keepends=True)[-15:])
-            raise SystemExit(f"run {name} failed (exit {p.returncode}); the end of {logs[name]}:\n{tail}")
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
 
 
 def rate(records: list[dict]) -> float:
@@ -113,6 +127,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=4, help="windows of steps in the table")
     parser.add_argument("--name", default="train_ab", help="the result's name (bench/results/NAME.json)")
     args = parser.parse_args()
+    if args.steps < args.skip + args.windows:
+        parser.error(f"--steps {args.steps} leaves fewer than --windows {args.windows} steps after --skip {args.skip}")
     from tqdm import tqdm
 
     work = Path(tempfile.mkdtemp(prefix="train_ab_"))
@@ -135,7 +151,7 @@ def main() -> None:
         bar.update(sum(len(steps_of(out)) for out in outs.values()) - bar.n)
 
     print(f"runs and logs in {work}", flush=True)
-    by_turns(commands, envs, logs, args.slice, progress)
+    by_turns(commands, envs, outs, logs, args.slice, progress)
     bar.close()
 
     kept, dropped, precision = {}, {}, {}
@@ -145,9 +161,13 @@ def main() -> None:
         if seconds[len(seconds) // 2] > args.slice / 4:
             raise SystemExit(f"run {name}'s steps take {seconds[len(seconds) // 2]:.2f} s: make --slice longer")
         kept[name] = [r for r in records if r["tokens"] / r["tokens_per_s"] < 0.5 * args.slice]  # held no pause
-        dropped[name] = len(records) - len(kept[name])
+        dropped[name] = len(records)
         lines = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
         precision[name] = next((r["precision"] for r in lines if r.get("kind") == "precision"), None)
+    both = set.intersection(*({r["step"] for r in kept[name]} for name in runs))  # the same steps' batches
+    for name in runs:
+        kept[name] = [r for r in kept[name] if r["step"] in both]
+        dropped[name] -= len(kept[name])
     rows = []
     bounds = [args.skip + (args.steps - args.skip) * i // args.windows for i in range(args.windows + 1)]
     for lo, hi in itertools.pairwise(bounds):
@@ -160,12 +180,14 @@ def main() -> None:
     rows.append({"steps": whole, "A": round(a), "B": round(b), "ratio": round(b / a, 3)})
     result = {
         "benchmark": "train_ab", "command": "python " + shlex.join(sys.argv), "machine": machine(),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "skip": args.skip, "windows": args.windows,
         "config": args.config, "a": args.a, "b": args.b, "precision": precision, "slice_s": args.slice,
         "dropped_steps": dropped, "rows": rows,
     }  # fmt: skip
     path = write_result(args.name, result)
     print(f"\nA: {args.a} (precision {precision['A']}); B: {args.b} (precision {precision['B']})")
-    print(f"steps dropped for holding a pause: A {dropped['A']}, B {dropped['B']}\n")
+    print(f"steps dropped (held a pause, in either run): A {dropped['A']}, B {dropped['B']}\n")
     columns = [("steps", "steps"), ("A", "A tokens/s"), ("B", "B tokens/s"), ("ratio", "B / A")]
     print(table(rows, columns))
     print(f"\nwritten to {path}")

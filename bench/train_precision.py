@@ -13,7 +13,7 @@ the machine falls on both. Tokens/s
 counts non-pad source + target tokens; each precision's model FLOPs are stated as a fraction of
 its own matmul peak (fp32's, or bf16's, measured in the same run). It times the first ~100 steps
 from initialisation, where bf16's lead is largest: the trainer's over whole runs is
-``bench/train_ab.py``'s to measure (1.31x against this bench's ~1.45x at the preset, Zen 4).
+``bench/train_ab.py``'s to measure (1.28-1.31x against this bench's ~1.45x at the preset, Zen 4).
 
 With ``--compare adam`` the variants are instead fp32 and bf16, each with Adam's multi-tensor
 (foreach) update and with its fused CPU kernel (the trainer's): an A/B of the optimizer.
