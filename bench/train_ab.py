@@ -43,26 +43,23 @@ from common import machine, table, write_result
 ROOT = Path(__file__).parent.parent
 
 
-def steps_of(out: Path) -> list[dict]:
-    """The train records of a run's metrics.jsonl (none yet: [])."""
+def records_of(out: Path, kind: str = "train") -> list[dict]:
+    """The records of ``kind`` in a run's metrics.jsonl (none yet: [])."""
     path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
     records = []
-    for line in lines:
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # the line being written
             continue
-        if record.get("kind") == "train":
+        if record.get("kind") == kind:
             records.append(record)
     return records
 
 
 def by_turns(
     commands: dict[str, list[str]], envs: dict[str, dict], outs: dict[str, Path], logs: dict[str, Path],
-    slice_s: float, progress: Callable[[], None],
+    slice_s: float, progress: Callable[[int], None],
 ) -> None:  # fmt: skip
     """Run ``commands`` (in ``envs``) one at a time, ``slice_s`` seconds a turn, each turn going to
     the run that has logged fewer steps (on a tie, the one that waited), so that the two take each
@@ -85,7 +82,9 @@ def by_turns(
             alive = [name for name, p in procs.items() if p.poll() is None]
             if not alive:
                 return
-            name = min(alive, key=lambda n: (len(steps_of(outs[n])), n == last))
+            done = {name: len(records_of(outs[name])) for name in procs}
+            progress(sum(done.values()))
+            name = min(alive, key=lambda n: (done[n], n == last))
             p, last = procs[name], name
             os.killpg(p.pid, signal.SIGCONT)
             if len(alive) == 1:  # the other has finished: no one to share with
@@ -94,7 +93,6 @@ def by_turns(
                 time.sleep(slice_s)
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGSTOP)
-            progress()
     finally:
         signal.signal(signal.SIGTERM, previous)
         for p in procs.values():
@@ -147,27 +145,22 @@ def main() -> None:
     logs = {name: work / f"{name}.log" for name in runs}
     bar = tqdm(total=2 * args.steps, desc="steps, both runs", unit="step")
 
-    def progress() -> None:
-        bar.update(sum(len(steps_of(out)) for out in outs.values()) - bar.n)
-
     print(f"runs and logs in {work}", flush=True)
-    by_turns(commands, envs, outs, logs, args.slice, progress)
+    by_turns(commands, envs, outs, logs, args.slice, lambda done: bar.update(done - bar.n))
+    bar.update(2 * args.steps - bar.n)
     bar.close()
 
-    kept, dropped, precision = {}, {}, {}
+    logged = {}
     for name, out in outs.items():
-        records = [r for r in steps_of(out) if r["step"] > args.skip]
-        seconds = sorted(r["tokens"] / r["tokens_per_s"] for r in records)
+        logged[name] = [r for r in records_of(out) if r["step"] > args.skip]
+        seconds = sorted(r["tokens"] / r["tokens_per_s"] for r in logged[name])
         if seconds[len(seconds) // 2] > args.slice / 4:
             raise SystemExit(f"run {name}'s steps take {seconds[len(seconds) // 2]:.2f} s: make --slice longer")
-        kept[name] = [r for r in records if r["tokens"] / r["tokens_per_s"] < 0.5 * args.slice]  # held no pause
-        dropped[name] = len(records)
-        lines = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
-        precision[name] = next((r["precision"] for r in lines if r.get("kind") == "precision"), None)
-    both = set.intersection(*({r["step"] for r in kept[name]} for name in runs))  # the same steps' batches
-    for name in runs:
-        kept[name] = [r for r in kept[name] if r["step"] in both]
-        dropped[name] -= len(kept[name])
+    # a step that held a pause lasts >= one slice: drop it from both runs, to compare the same steps' batches
+    paused = {r["step"] for rs in logged.values() for r in rs if r["tokens"] / r["tokens_per_s"] >= 0.5 * args.slice}
+    kept = {name: [r for r in rs if r["step"] not in paused] for name, rs in logged.items()}
+    dropped = {name: len(logged[name]) - len(kept[name]) for name in runs}
+    precision = {name: next((r["precision"] for r in records_of(out, "precision")), None) for name, out in outs.items()}
     rows = []
     bounds = [args.skip + (args.steps - args.skip) * i // args.windows for i in range(args.windows + 1)]
     for lo, hi in itertools.pairwise(bounds):
