@@ -1,6 +1,7 @@
 """Training precision (``train.amp``): the choice and its reasons, the trainer's probe leaving no
-trace, a bfloat16 step against float32, an autocast context reused step after step, and the
-copy task learned under bfloat16 where the CPU runs it natively."""
+trace, a bfloat16 step against float32, an autocast context reused step after step, the
+copy task learned under bfloat16 where the CPU runs it natively, and the CPU's bfloat16 products
+on rows padded to a multiple of ``ROWS``."""
 
 import contextlib
 import time
@@ -8,12 +9,13 @@ import time
 import pytest
 import torch
 from tests.test_interop import randomize_norms_and_biases
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn.model import ModelConfig, Transformer
 from aiayn.tasks import CopyTask, copy_task_accuracy, train_copy_task
 from aiayn.train import precision as precision_module
 from aiayn.train.objectives import Translation
-from aiayn.train.precision import MIN_GAIN, Precision, choose_precision, native_bf16, time_passes
+from aiayn.train.precision import MIN_GAIN, ROWS, Precision, choose_precision, native_bf16, time_passes
 from aiayn.train.trainer import _probe
 
 CPU = torch.device("cpu")
@@ -284,3 +286,82 @@ def test_cuda_bf16_leaves_out_cudnn_attention_and_is_reusable():
                     assert torch.is_autocast_enabled("cuda")
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
     assert isinstance(Precision("fp32", "test").autocast(torch.device("cuda")), contextlib.nullcontext)
+
+
+# bfloat16 products on padded rows (CPU) ---------------------------------------------------------
+
+
+class BF16ProductRows(TorchDispatchMode):
+    """The row counts of the bfloat16 matrix products (``aten.mm``, and ``aten.addmm``'s first
+    matrix) that run while it is entered: below autocast, so what oneDNN is asked to multiply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            a = args[1] if func is torch.ops.aten.addmm.default else args[0]
+            if a.dtype == torch.bfloat16:
+                self.rows.append(a.shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+def forward_product_rows(model: Transformer, batch) -> list[int]:
+    with BF16ProductRows() as seen:
+        Translation().loss(model, batch, 0.1, Precision("bf16", "test").autocast(CPU))
+    return seen.rows
+
+
+def rounded(*rows: int) -> list[int]:
+    return sorted({-(-m // ROWS) * ROWS for m in rows})
+
+
+def test_cpu_bf16_pads_every_linear_products_rows_to_a_multiple_of_ROWS(monkeypatch):
+    """Six pairs in a batch of 10 source and 11 target positions: under plain autocast the
+    encoder's products have 60 rows, the decoder's 66 and the output projection's 46 (the
+    target's tokens, pads left out); under the CPU's bf16 context each product of the forward
+    pass has its rows rounded up to a multiple of ``ROWS``. ``AIAYN_BF16_ROWS=0`` turns it off."""
+    model = tiny_translation().train()
+    batch = Translation().collate(examples(), model.config, 0)
+    padded = forward_product_rows(model, batch)
+    monkeypatch.setenv("AIAYN_BF16_ROWS", "0")
+    assert isinstance(Precision("bf16", "test").autocast(CPU), torch.autocast)
+    plain = forward_product_rows(model, batch)
+    assert sorted(set(plain)) == [46, 6 * 10, 6 * 11]
+    assert len(padded) == len(plain) > 10
+    assert padded == [-(-m // ROWS) * ROWS for m in plain]
+    assert all(m % ROWS == 0 for m in padded) and sorted(set(padded)) == rounded(46, 60, 66)
+
+
+def test_cpu_bf16_padding_changes_no_loss_or_gradient(monkeypatch):
+    """The padded rows are sliced off before anything reads them: one training step (random
+    weights, biases and norms, dropout with the same masks) gives plain autocast's loss and
+    gradients, and only float32 parameters and gradients."""
+    model = tiny_translation().train()
+    batch = Translation().collate(examples(), model.config, 0)
+    padded_loss, padded = step_gradients(model, batch, bf16=True)
+    monkeypatch.setenv("AIAYN_BF16_ROWS", "0")
+    plain_loss, plain = step_gradients(model, batch, bf16=True)
+    _, fp32 = step_gradients(model, batch, bf16=False)
+    worst = max(((padded[n] - plain[n]).norm() / plain[n].norm()).item() for n in plain)
+    print(f"padded against plain autocast: loss {padded_loss} / {plain_loss}, worst gradient {worst:.1e}")
+    assert padded_loss == pytest.approx(plain_loss, rel=1e-6)
+    assert worst < 1e-5
+    assert any(not torch.equal(plain[n], fp32[n]) for n in plain)  # the step ran in bfloat16
+
+
+def test_cpu_bf16_context_is_reusable_and_leaves_autocast_as_it_was():
+    """Entered at every step, and gone on leaving: plain autocast afterwards multiplies the rows
+    as they are."""
+    model = tiny_translation().train()
+    batch = Translation().collate(examples(), model.config, 0)
+    context = Precision("bf16", "test").autocast(CPU)
+    for _ in range(2):
+        with BF16ProductRows() as seen:
+            Translation().loss(model, batch, 0.1, context)
+        assert sorted(set(seen.rows)) == rounded(46, 60, 66)
+    with BF16ProductRows() as seen:
+        Translation().loss(model, batch, 0.1, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert sorted(set(seen.rows)) == [46, 60, 66]
+    assert not torch.is_autocast_enabled("cpu")

@@ -19,7 +19,11 @@ label-smoothed loss stay in float32 (the loss reads bfloat16 logits and accumula
 - ``false``: float32.
 
 On CUDA, bf16 autocast keeps attention off cuDNN's SDPA kernel, which builds a plan for every new
-batch shape (``_CudaBf16``).
+batch shape (``_CudaBf16``). On a CPU, bf16 autocast runs each linear layer's product on its rows
+padded to a multiple of ``ROWS`` (``_CpuBf16``): oneDNN compiles its bf16 kernels per shape, and
+token batches of varied (B, T) made ~8 new kernels a step, so many that its cache of 1,024
+evicted and recompiled them, and a process's steps slowed with age; ``AIAYN_BF16_ROWS=0`` turns
+the padding off.
 
 The choice, and why, is printed and recorded in ``metrics.jsonl`` (``kind: precision``).
 """
@@ -27,14 +31,22 @@ The choice, and why, is printed and recorded in ``metrics.jsonl`` (``kind: preci
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["Precision", "MIN_GAIN", "native_bf16", "choose_precision", "time_passes"]
+__all__ = ["Precision", "MIN_GAIN", "ROWS", "native_bf16", "choose_precision", "time_passes"]
+
+# Rows of a linear layer's bfloat16 product on the CPU are padded to a multiple of this (``_CpuBf16``).
+# A batch of <= 1,536 positions then makes one of 24 row counts instead of one of hundreds: in 300
+# steps of the Ding preset oneDNN compiled 213 kernels instead of 2,355, for at most 63 padded rows
+# (about 2% of the products) a step (Zen 4, docs/benchmarks.md)
+ROWS = 64
 
 # bf16 must beat fp32 by this factor in the probe. The probe's forward and backward passes flatter
 # bf16 against whole training steps: at d_model 128 it read 0.92-1.07x where training ran 0.86x
@@ -59,9 +71,63 @@ class Precision:
         """The context the forward pass runs in (reusable: entered at every step)."""
         if self.bf16 and device.type == "cuda":
             return _CudaBf16()
+        if self.bf16 and device.type == "cpu" and _rows() > 1:
+            return _CpuBf16(_rows())
         if self.bf16:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+
+def _rows() -> int:
+    """``ROWS``, or what ``AIAYN_BF16_ROWS`` says (0 or 1: no padding)."""
+    return int(os.environ.get("AIAYN_BF16_ROWS", ROWS))
+
+
+class _CpuBf16:
+    """bfloat16 autocast on the CPU, with every linear layer's product run on its rows (all but
+    the last dimension, flattened) padded with zeros to a multiple of ``rows``, the padding sliced
+    off the result. oneDNN compiles a bf16 product's kernels for each shape and keeps 1,024 of
+    them; the trainer's token batches vary in (B, T), so nearly every step met new row counts,
+    and beyond the cache's 1,024 each kernel was compiled again when its shape came back. The
+    padding cannot change another row's values: each output row is its input row times the
+    weight. Autocast's own ``linear`` (cast to bfloat16, then the product) is replaced, for as
+    long as the context is entered, by a kernel registered for ``aten::linear`` at the
+    ``AutocastCPU`` dispatch key, which does the same on the padded rows; leaving the context
+    removes it. Reusable: entered at every step."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __enter__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns once that a kernel of aten is overridden
+            library = torch.library.Library("aten", "IMPL")
+            library.impl("linear", self._linear, "AutocastCPU")
+        self._stack.callback(library._destroy)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(*exc)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # (..., d_in) -> (..., d_out), as autocast's linear: float32 (and float16) operands cast to bfloat16
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            x, weight, bias = (_to_bf16(t) for t in (x, weight, bias))
+            rows = x.reshape(-1, x.shape[-1])  # (M, d_in)
+            m = rows.shape[0]
+            padded = -(-m // self.rows) * self.rows
+            if padded != m:
+                rows = torch.nn.functional.pad(rows, (0, 0, 0, padded - m))  # (M', d_in)
+            y = torch.ops.aten.linear(rows, weight, bias)[:m]  # (M, d_out)
+            return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _to_bf16(t: torch.Tensor | None) -> torch.Tensor | None:
+    """What autocast casts for a lower-precision product: floating tensors but float64."""
+    if t is None or not t.is_floating_point() or t.dtype in (torch.float64, torch.bfloat16):
+        return t
+    return t.to(torch.bfloat16)
 
 
 class _CudaBf16:
