@@ -15,7 +15,8 @@ tokens/s in ``--windows`` windows of steps and over all, and B / A.
 
 This is the trainer's own loop over its whole first epochs, one precision per process, as a user
 runs it. ``bench/train_precision.py`` times the first ~100 steps from initialisation in one
-process and reads bf16 higher than whole runs do (docs/benchmarks.md).
+process and read bf16 higher than whole runs did until bf16's products ran on padded rows
+(``precision._CpuBf16``; since then both read about 1.39x at the preset on a Zen 4, docs/benchmarks.md).
 
     python bench/train_ab.py --a "--train.amp false" --b "--train.amp true" [--steps 600]
         [--config configs/ding.yaml] [--slice 2] [--name train_ab_precision]
@@ -173,7 +174,9 @@ def main() -> None:
     rows.append({"steps": whole, "A": round(a), "B": round(b), "ratio": round(b / a, 3)})
     result = {
         "benchmark": "train_ab", "command": "python " + shlex.join(sys.argv), "machine": machine(),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "commit": subprocess.run(  # "-dirty" when the working tree has uncommitted changes
+            ["git", "describe", "--always", "--dirty", "--abbrev=40"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "skip": args.skip, "windows": args.windows,
         "config": args.config, "a": args.a, "b": args.b, "precision": precision, "slice_s": args.slice,
         "dropped_steps": dropped, "rows": rows,

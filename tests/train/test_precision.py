@@ -313,10 +313,6 @@ def forward_product_rows(model: Transformer, batch) -> list[int]:
     return seen.rows
 
 
-def rounded(*rows: int) -> list[int]:
-    return sorted({-(-m // ROWS) * ROWS for m in rows})
-
-
 def test_cpu_bf16_pads_every_linear_products_rows_to_a_multiple_of_ROWS(monkeypatch):
     """Six pairs in a batch of 10 source and 11 target positions: under plain autocast the
     encoder's products have 60 rows, the decoder's 66 and the output projection's 46 (the
@@ -330,8 +326,7 @@ def test_cpu_bf16_pads_every_linear_products_rows_to_a_multiple_of_ROWS(monkeypa
     plain = forward_product_rows(model, batch)
     assert sorted(set(plain)) == [46, 6 * 10, 6 * 11]
     assert len(padded) == len(plain) > 10
-    assert padded == [-(-m // ROWS) * ROWS for m in plain]
-    assert all(m % ROWS == 0 for m in padded) and sorted(set(padded)) == rounded(46, 60, 66)
+    assert ROWS == 64 and padded == [{46: 64, 60: 64, 66: 128}[m] for m in plain]
 
 
 def test_cpu_bf16_padding_changes_no_loss_or_gradient(monkeypatch):
@@ -346,8 +341,8 @@ def test_cpu_bf16_padding_changes_no_loss_or_gradient(monkeypatch):
     _, fp32 = step_gradients(model, batch, bf16=False)
     worst = max(((padded[n] - plain[n]).norm() / plain[n].norm()).item() for n in plain)
     print(f"padded against plain autocast: loss {padded_loss} / {plain_loss}, worst gradient {worst:.1e}")
-    assert padded_loss == pytest.approx(plain_loss, rel=1e-6)
-    assert worst < 1e-5
+    assert padded_loss == pytest.approx(plain_loss, rel=1e-5)  # equal on a Zen 4; room for a kernel's rounding
+    assert worst < 1e-3  # the padding in front of the rows instead read 1.33; bf16 against fp32 ~4e-2
     assert any(not torch.equal(plain[n], fp32[n]) for n in plain)  # the step ran in bfloat16
 
 
@@ -360,8 +355,29 @@ def test_cpu_bf16_context_is_reusable_and_leaves_autocast_as_it_was():
     for _ in range(2):
         with BF16ProductRows() as seen:
             Translation().loss(model, batch, 0.1, context)
-        assert sorted(set(seen.rows)) == rounded(46, 60, 66)
+        assert sorted(set(seen.rows)) == [64, 128]
     with BF16ProductRows() as seen:
         Translation().loss(model, batch, 0.1, torch.autocast("cpu", dtype=torch.bfloat16))
     assert sorted(set(seen.rows)) == [46, 60, 66]
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_cpu_bf16_context_cleans_up_after_an_error_and_refuses_to_nest():
+    """An error in the step leaves neither autocast nor the padding behind; a second context
+    entered inside the first (the kernel is the process's) is refused, and the first stays whole."""
+    model = tiny_translation().train()
+    batch = Translation().collate(examples(), model.config, 0)
+    context = Precision("bf16", "test").autocast(CPU)
+    with pytest.raises(ValueError, match="in the step"), context:
+        raise ValueError("in the step")
+    assert not torch.is_autocast_enabled("cpu")
+    with BF16ProductRows() as seen:
+        Translation().loss(model, batch, 0.1, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert sorted(set(seen.rows)) == [46, 60, 66]
+    with context:
+        with pytest.raises(RuntimeError, match="already entered"), Precision("bf16", "test").autocast(CPU):
+            pass
+        with BF16ProductRows() as seen:
+            Translation().loss(model, batch, 0.1, contextlib.nullcontext())
+        assert sorted(set(seen.rows)) == [64, 128]
     assert not torch.is_autocast_enabled("cpu")

@@ -35,7 +35,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -45,7 +45,8 @@ __all__ = ["Precision", "MIN_GAIN", "ROWS", "native_bf16", "choose_precision", "
 # Rows of a linear layer's bfloat16 product on the CPU are padded to a multiple of this (``_CpuBf16``).
 # A batch of <= 1,536 positions then makes one of 24 row counts instead of one of hundreds: in 300
 # steps of the Ding preset oneDNN compiled 213 kernels instead of 2,355, for at most 63 padded rows
-# (about 2% of the products) a step (Zen 4, docs/benchmarks.md)
+# a product (about 2% of a batch's rows on average; more for the output projection, which sees
+# the target's tokens only) (Zen 4, docs/benchmarks.md)
 ROWS = 64
 
 # bf16 must beat fp32 by this factor in the probe. The probe's forward and backward passes flatter
@@ -53,18 +54,27 @@ ROWS = 64
 # (bench/train_precision.py); at 512 it read 1.92x against 1.63-1.67x (2-core Xeon with AMX). On
 # a Zen 4 (AVX512_BF16) the Ding preset read 1.12-1.30x in seven runs, and a run it chose bf16 for
 # trained at 0.95x fp32's tokens/s: at 1.25 the same command flipped between precisions there, so
-# it became 1.4. Much of that flattery was a bf16 process slowing with age (oneDNN's kernels per
-# shape, before ``ROWS``): with the padding the preset's probe reads 1.41-1.59x in 11 runs where the
-# trainer gains 1.30-1.39x, so 1.4 would flip between runs again and 1.3 keeps the choice steady
+# it became 1.4. Part of that flattery was a bf16 process slowing with age (oneDNN's kernels per
+# shape, before ``ROWS``): with the padding the preset's probe read 1.41-1.59x in 11 runs where the
+# trainer gains 1.30-1.39x by turns; the lowest reading was 0.01 above 1.4, and 1.3 leaves a margin
+# (one CPU model, a Zen 4; the probe's bias with the padding is unmeasured elsewhere)
 MIN_GAIN = 1.3
+
+
+def _rows() -> int:
+    """``ROWS``, or what ``AIAYN_BF16_ROWS`` says (0 or 1: no padding)."""
+    return int(os.environ.get("AIAYN_BF16_ROWS", ROWS))
 
 
 @dataclass(frozen=True)
 class Precision:
-    """The precision a run trains in: ``bf16`` (bfloat16 autocast) or ``fp32``, and why."""
+    """The precision a run trains in: ``bf16`` (bfloat16 autocast) or ``fp32``, and why; for
+    bf16 on the CPU, ``rows``: the multiple the products' rows are padded to (``_CpuBf16``; 0 or
+    1: none), read once from ``AIAYN_BF16_ROWS`` (default ``ROWS``) when the choice is made."""
 
     name: str
     reason: str
+    rows: int = field(default_factory=_rows)
 
     @property
     def bf16(self) -> bool:
@@ -74,16 +84,11 @@ class Precision:
         """The context the forward pass runs in (reusable: entered at every step)."""
         if self.bf16 and device.type == "cuda":
             return _CudaBf16()
-        if self.bf16 and device.type == "cpu" and _rows() > 1:
-            return _CpuBf16(_rows())
+        if self.bf16 and device.type == "cpu" and self.rows > 1:
+            return _CpuBf16(self.rows)
         if self.bf16:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
-
-
-def _rows() -> int:
-    """``ROWS``, or what ``AIAYN_BF16_ROWS`` says (0 or 1: no padding)."""
-    return int(os.environ.get("AIAYN_BF16_ROWS", ROWS))
 
 
 class _CpuBf16:
@@ -93,30 +98,47 @@ class _CpuBf16:
     them; the trainer's token batches vary in (B, T), so nearly every step met new row counts,
     and beyond the cache's 1,024 each kernel was compiled again when its shape came back. The
     padding cannot change another row's values: each output row is its input row times the
-    weight. Autocast's own ``linear`` (cast to bfloat16, then the product) is replaced, for as
-    long as the context is entered, by a kernel registered for ``aten::linear`` at the
+    weight. Autocast's own ``linear`` (cast to the autocast dtype, then the product) is replaced,
+    for as long as the context is entered, by a kernel registered for ``aten::linear`` at the
     ``AutocastCPU`` dispatch key, which does the same on the padded rows; leaving the context
-    removes it. Reusable: entered at every step."""
+    (or an error while entering it) removes it. The kernel is the process's, so one such context
+    may be entered at a time (entering a second raises), and another thread under CPU autocast
+    meanwhile would pad too. Reusable: entered at every step."""
+
+    _entered = False  # a context of this class is entered somewhere in the process
+    _quiet = False  # torch's warning that an aten kernel is overridden (once a process) was silenced
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
 
     def __enter__(self) -> None:
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns once that a kernel of aten is overridden
+        if _CpuBf16._entered:
+            raise RuntimeError("bf16 on the CPU: a padded-rows context is already entered (one at a time)")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             library = torch.library.Library("aten", "IMPL")
-            library.impl("linear", self._linear, "AutocastCPU")
-        self._stack.callback(library._destroy)
+            stack.callback(library._destroy)
+            if _CpuBf16._quiet:
+                library.impl("linear", self._linear, "AutocastCPU")
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    library.impl("linear", self._linear, "AutocastCPU")
+                _CpuBf16._quiet = True
+            self._stack = stack.pop_all()
+        _CpuBf16._entered = True
 
     def __exit__(self, *exc: object) -> None:
+        _CpuBf16._entered = False
         self._stack.__exit__(*exc)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        # (..., d_in) -> (..., d_out), as autocast's linear: float32 (and float16) operands cast to bfloat16
+        # (..., d_in) -> (..., d_out), as autocast's linear: float32 (and float16) operands cast
+        dtype = torch.get_autocast_dtype("cpu")
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
-            x, weight, bias = (_to_bf16(t) for t in (x, weight, bias))
+            x, weight, bias = (_cast(t, dtype) for t in (x, weight, bias))
+            if x.dim() < 2 or weight.dim() != 2 or x.shape[-1] == 0:  # nothing to gain: as autocast
+                return torch.ops.aten.linear(x, weight, bias)
             rows = x.reshape(-1, x.shape[-1])  # (M, d_in)
             m = rows.shape[0]
             padded = -(-m // self.rows) * self.rows
@@ -126,11 +148,11 @@ class _CpuBf16:
             return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _to_bf16(t: torch.Tensor | None) -> torch.Tensor | None:
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """What autocast casts for a lower-precision product: floating tensors but float64."""
-    if t is None or not t.is_floating_point() or t.dtype in (torch.float64, torch.bfloat16):
+    if t is None or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
         return t
-    return t.to(torch.bfloat16)
+    return t.to(dtype)
 
 
 class _CudaBf16:

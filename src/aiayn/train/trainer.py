@@ -390,7 +390,12 @@ def train(
     say(f"precision: {precision.name} ({precision.reason})")
     amp = precision.autocast(d.device)
     metrics = _Metrics(out / "metrics.jsonl", d.main, state["step"] if checkpoint is not None else None)
-    metrics.log({"kind": "precision", "step": state["step"], "precision": precision.name, "reason": precision.reason})
+    metrics.log(
+        {
+            "kind": "precision", "step": state["step"], "precision": precision.name, "reason": precision.reason,
+            "bf16_rows": precision.rows if precision.bf16 and d.device.type == "cpu" else None,
+        }
+    )  # fmt: skip
 
     # Loop ------------------------------------------------------------------------------------
     per_step = cfg.accumulate * d.world
