@@ -14,8 +14,8 @@ counts non-pad source + target tokens; each precision's model FLOPs are stated a
 its own matmul peak (fp32's, or bf16's, measured in the same run). It times the first ~100 steps
 from initialisation, where bf16's lead was largest before its products ran on rows padded to a
 multiple of 64 (``precision._CpuBf16``: until oneDNN's cache of per-shape kernels filled): the
-trainer's over whole runs is ``bench/train_ab.py``'s to measure (1.28-1.31x at the preset before
-the padding, 1.30-1.39x with it, against this bench's ~1.45x; Zen 4).
+trainer's over whole runs is ``bench/train_ab.py``'s to measure (at the preset on a Zen 4, before
+the padding 1.28-1.31x against this bench's ~1.45x; with it 1.30-1.39x against 1.39x).
 
 With ``--compare adam`` the variants are instead fp32 and bf16, each with Adam's multi-tensor
 (foreach) update and with its fused CPU kernel (the trainer's): an A/B of the optimizer.

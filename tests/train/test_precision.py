@@ -307,9 +307,11 @@ class BF16ProductRows(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def forward_product_rows(model: Transformer, batch) -> list[int]:
+def forward_product_rows(model: Transformer, batch, context=None) -> list[int]:
+    """The bf16 products' row counts of a forward pass (the loss) under ``context`` (default: a
+    fresh ``Precision("bf16").autocast``)."""
     with BF16ProductRows() as seen:
-        Translation().loss(model, batch, 0.1, Precision("bf16", "test").autocast(CPU))
+        Translation().loss(model, batch, 0.1, Precision("bf16", "test").autocast(CPU) if context is None else context)
     return seen.rows
 
 
@@ -353,12 +355,8 @@ def test_cpu_bf16_context_is_reusable_and_leaves_autocast_as_it_was():
     batch = Translation().collate(examples(), model.config, 0)
     context = Precision("bf16", "test").autocast(CPU)
     for _ in range(2):
-        with BF16ProductRows() as seen:
-            Translation().loss(model, batch, 0.1, context)
-        assert sorted(set(seen.rows)) == [64, 128]
-    with BF16ProductRows() as seen:
-        Translation().loss(model, batch, 0.1, torch.autocast("cpu", dtype=torch.bfloat16))
-    assert sorted(set(seen.rows)) == [46, 60, 66]
+        assert sorted(set(forward_product_rows(model, batch, context))) == [64, 128]
+    assert sorted(set(forward_product_rows(model, batch, torch.autocast("cpu", dtype=torch.bfloat16)))) == [46, 60, 66]
     assert not torch.is_autocast_enabled("cpu")
 
 
@@ -371,13 +369,9 @@ def test_cpu_bf16_context_cleans_up_after_an_error_and_refuses_to_nest():
     with pytest.raises(ValueError, match="in the step"), context:
         raise ValueError("in the step")
     assert not torch.is_autocast_enabled("cpu")
-    with BF16ProductRows() as seen:
-        Translation().loss(model, batch, 0.1, torch.autocast("cpu", dtype=torch.bfloat16))
-    assert sorted(set(seen.rows)) == [46, 60, 66]
+    assert sorted(set(forward_product_rows(model, batch, torch.autocast("cpu", dtype=torch.bfloat16)))) == [46, 60, 66]
     with context:
         with pytest.raises(RuntimeError, match="already entered"), Precision("bf16", "test").autocast(CPU):
             pass
-        with BF16ProductRows() as seen:
-            Translation().loss(model, batch, 0.1, contextlib.nullcontext())
-        assert sorted(set(seen.rows)) == [64, 128]
+        assert sorted(set(forward_product_rows(model, batch, contextlib.nullcontext()))) == [64, 128]
     assert not torch.is_autocast_enabled("cpu")

@@ -118,13 +118,12 @@ class _CpuBf16:
             stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             library = torch.library.Library("aten", "IMPL")
             stack.callback(library._destroy)
-            if _CpuBf16._quiet:
-                library.impl("linear", self._linear, "AutocastCPU")
-            else:
-                with warnings.catch_warnings():
+            with contextlib.ExitStack() as quiet:
+                if not _CpuBf16._quiet:
+                    quiet.enter_context(warnings.catch_warnings())
                     warnings.simplefilter("ignore")
-                    library.impl("linear", self._linear, "AutocastCPU")
-                _CpuBf16._quiet = True
+                library.impl("linear", self._linear, "AutocastCPU")
+            _CpuBf16._quiet = True
             self._stack = stack.pop_all()
         _CpuBf16._entered = True
 
@@ -135,7 +134,7 @@ class _CpuBf16:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # (..., d_in) -> (..., d_out), as autocast's linear: float32 (and float16) operands cast
         dtype = torch.get_autocast_dtype("cpu")
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):  # what it calls runs below autocast
             x, weight, bias = (_cast(t, dtype) for t in (x, weight, bias))
             if x.dim() < 2 or weight.dim() != 2 or x.shape[-1] == 0:  # nothing to gain: as autocast
                 return torch.ops.aten.linear(x, weight, bias)
@@ -146,6 +145,9 @@ class _CpuBf16:
                 rows = torch.nn.functional.pad(rows, (0, 0, 0, padded - m))  # (M', d_in)
             y = torch.ops.aten.linear(rows, weight, bias)[:m]  # (M, d_out)
             return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
