@@ -403,8 +403,10 @@ def no_probe(*args, **kwargs):
 def test_amp_true_trains_in_bf16_and_a_resumed_run_keeps_it(tmp_path, corpus, monkeypatch):
     """The training steps' logits come out of bfloat16 autocast (the dev loss's do not); the
     choice is said, logged and checkpointed; resumed with train.amp false, the run keeps
-    bfloat16 (its losses would otherwise change precision mid-run)."""
+    bfloat16 (its losses would otherwise change precision mid-run). What was done with freed host
+    memory (``allocator.keep_freed_memory``; here turned off) is said and logged beside it."""
     monkeypatch.setattr(trainer_module, "_probe", no_probe)
+    monkeypatch.setenv("AIAYN_KEEP_MEMORY", "0")
     logits = []  # (dtype, eps_ls): training steps smooth the labels, the dev loss does not
     loss = objectives.label_smoothed_loss
     monkeypatch.setattr(objectives, "label_smoothed_loss", lambda x, t, e: logits.append((x.dtype, e)) or loss(x, t, e))
@@ -414,6 +416,8 @@ def test_amp_true_trains_in_bf16_and_a_resumed_run_keeps_it(tmp_path, corpus, mo
     out = tmp_path / "run"
     assert any(line.startswith("precision: bf16 (train.amp true") for line in said), said
     assert [(r["step"], r["precision"]) for r in precision_records(out)] == [(0, "bf16")]
+    assert "freed host memory: off (AIAYN_KEEP_MEMORY=0)" in said
+    assert precision_records(out)[0]["host_memory"] == "off (AIAYN_KEEP_MEMORY=0)"
     state = json.loads((out / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["precision"] == "bf16"
     assert all(v == v and abs(v) < 1e3 for v in losses(out).values())  # finite

@@ -57,7 +57,9 @@ ROWS = 64
 # it became 1.4. Part of that flattery was a bf16 process slowing with age (oneDNN's kernels per
 # shape, before ``ROWS``): with the padding the preset's probe read 1.41-1.59x in 11 runs where the
 # trainer gains 1.30-1.39x by turns; the lowest reading was 0.01 above 1.4, and 1.3 leaves a margin
-# (one CPU model, a Zen 4; the probe's bias with the padding is unmeasured elsewhere)
+# (one CPU model, a Zen 4; the probe's bias with the padding is unmeasured elsewhere). Since the
+# trainer keeps freed memory (``allocator.py``, before the probe) it read 1.33-1.44x in 8 runs,
+# the trainer 1.26x by turns
 MIN_GAIN = 1.3
 
 

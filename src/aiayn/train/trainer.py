@@ -34,6 +34,7 @@ from ..evaluate import Scores, evaluate_loss, score_translations
 from ..model import ModelConfig, Transformer
 from ..model.pretrained import CONFIG_NAME, atomic_write
 from ..progress import progress_bar
+from .allocator import keep_freed_memory
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .config import DataConfig, RunConfig, TrainConfig
 from .data import load_phrases, sample_phrases
@@ -341,6 +342,8 @@ def train(
     )
 
     # Model and optimizer ----------------------------------------------------------------------
+    host_memory = keep_freed_memory()  # before the probe and the steps: both allocate alike
+    say(f"freed host memory: {host_memory}")
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     suppress = tuple(run.model.get("suppress_ids", ())) + ((tokenizer.phrase_id,) if run.data.phrase_tag else ())
@@ -394,6 +397,7 @@ def train(
         {
             "kind": "precision", "step": state["step"], "precision": precision.name, "reason": precision.reason,
             "bf16_rows": precision.rows if precision.bf16 and d.device.type == "cpu" else None,
+            "host_memory": host_memory,
         }
     )  # fmt: skip
 
