@@ -15,7 +15,8 @@ its own matmul peak (fp32's, or bf16's, measured in the same run). It times the 
 from initialisation, where bf16's lead was largest before its products ran on rows padded to a
 multiple of 64 (``precision._CpuBf16``: until oneDNN's cache of per-shape kernels filled): the
 trainer's over whole runs is ``bench/train_ab.py``'s to measure (at the preset on a Zen 4, before
-the padding 1.28-1.31x against this bench's ~1.45x; with it 1.30-1.39x against 1.39x).
+the padding 1.28-1.31x against this bench's ~1.45x; with it 1.30-1.39x against 1.39x). Like the trainer
+(since a6f7a8e), the bench keeps freed host memory for reuse (``aiayn/train/allocator.py``).
 
 With ``--compare adam`` the variants are instead fp32 and bf16, each with Adam's multi-tensor
 (foreach) update and with its fused CPU kernel (the trainer's): an A/B of the optimizer.
@@ -51,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from aiayn import ModelConfig, Transformer
 from aiayn.data.batching import TokenBatcher
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.train.allocator import keep_freed_memory
 from aiayn.train.config import RunConfig
 from aiayn.train.data import load_phrases, sample_phrases
 from aiayn.train.objectives import Translation
@@ -136,6 +138,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cpu")
+    print(f"freed host memory: {keep_freed_memory()}")  # as the trainer does
     print("measuring the matmul peaks ...", flush=True)
     peak32, peak16 = matmul_peak(), bf16_peak()
     peaks = {"fp32": peak32, "bf16": peak16}
