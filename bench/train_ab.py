@@ -16,7 +16,8 @@ tokens/s in ``--windows`` windows of steps and over all, and B / A.
 This is the trainer's own loop over its whole first epochs, one precision per process, as a user
 runs it. ``bench/train_precision.py`` times the first ~100 steps from initialisation in one
 process and read bf16 higher than whole runs did until bf16's products ran on padded rows
-(``precision._CpuBf16``; since then both read about 1.39x at the preset on a Zen 4, docs/benchmarks.md).
+(``precision._CpuBf16``; then both read about 1.39x at the preset on a Zen 4, the trainer 1.26-1.39x
+over all readings since; docs/benchmarks.md).
 
     python bench/train_ab.py --a "--train.amp false" --b "--train.amp true" [--steps 600]
         [--config configs/ding.yaml] [--slice 2] [--name train_ab_precision]
