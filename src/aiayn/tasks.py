@@ -18,6 +18,8 @@ from torch import Tensor
 from .decode import greedy_decode
 from .model import ModelConfig, Transformer
 from .progress import progress_bar
+from .train.loss import label_smoothed_loss
+from .train.precision import Precision
 from .train.schedule import inverse_sqrt_schedule
 
 __all__ = ["CopyTask", "copy_task_batch", "copy_task_accuracy", "train_copy_task"]
@@ -79,28 +81,34 @@ def train_copy_task(
     """Train a small Transformer on the copy task with the paper's optimizer (Adam 0.9/0.98/1e-9,
     warmup then inverse-sqrt rate, label smoothing 0.1). Returns the model, its parameters the mean
     of ``task.average_last`` snapshots ``task.average_every`` steps apart ending at the last step
-    (fewer when training is shorter; §6.1), and the losses. ``amp``: the forward pass under
-    bfloat16 autocast, as the trainer's ``train.amp true`` (parameters, gradients and Adam's state
-    stay float32)."""
+    (fewer when training is shorter; §6.1), and the losses. The loss is the trainer's
+    (``train/loss.py``), per target token. ``amp``: the forward pass in the trainer's bfloat16
+    context (``train.amp true``: ``Precision.autocast``, on the CPU its padded-rows products) and
+    the loss reading the bfloat16 logits as the trainer's does; parameters, gradients and Adam's
+    state stay float32."""
     torch.manual_seed(task.seed)
     config = config or ModelConfig.tiny(task.vocab_size, d_model=64, d_ff=128, h=4, N=2)
     model = Transformer(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = inverse_sqrt_schedule(optimizer, config.d_model, task.warmup, task.lr_scale)
     generator = torch.Generator().manual_seed(task.seed)
+    precision = Precision("bf16" if amp else "fp32", "copy task")
+    context = precision.autocast(torch.device("cpu"))  # reusable: entered at every step
     losses = []
     total: dict[str, Tensor] = {}  # sum of the snapshots, in float64
     snapshots = 0
     model.train()
     for step in progress_bar(range(1, task.steps + 1), desc="copy task", disable=not progress):
         src, tgt = copy_task_batch(task.batch_size, task.length, task.vocab_size, generator)
-        # autocast around the forward pass only: it keeps the bfloat16 copies of the weights until
-        # it is left, so a context around the whole loop would run every step on the first step's
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        # the context around the forward pass only, as in the trainer: autocast keeps the bfloat16
+        # copies of the weights until it is left, so around the whole loop every step would run on
+        # the first step's
+        with context:
             logits = model(src, tgt[:, :-1])  # (B, T, V)
-        loss = F.cross_entropy(
-            logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=config.pad_id, label_smoothing=0.1
-        )
+        target = tgt[:, 1:].flatten()  # (B·T,)
+        real = target != config.pad_id
+        loss, _ = label_smoothed_loss(logits.flatten(0, 1)[real], target[real], 0.1)
+        loss = loss / real.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
