@@ -4,7 +4,8 @@ The copy task: random symbol sequences mapped to themselves. A working encoder-d
 to 100% exact match in a few hundred steps; a broken mask, cache or positional encoding does not.
 As in §6.1, the model returned is the average of the last snapshots of training: the last step's
 weights alone still move with the rate and miss some sequences (98.6-100% exact match over six
-seeds, against 100% for the average of the last 10 snapshots, 20 steps apart).
+seeds, against 100% for the average of the last 10 snapshots, 20 steps apart; measured with
+torch's cross-entropy before the copy task took the trainer's loss, the same function).
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def train_copy_task(
     warmup then inverse-sqrt rate, label smoothing 0.1). Returns the model, its parameters the mean
     of ``task.average_last`` snapshots ``task.average_every`` steps apart ending at the last step
     (fewer when training is shorter; §6.1), and the losses. The loss is the trainer's
-    (``train/loss.py``), per target token. ``amp``: the forward pass in the trainer's bfloat16
-    context (``train.amp true``: ``Precision.autocast``, on the CPU its padded-rows products) and
-    the loss reading the bfloat16 logits as the trainer's does; parameters, gradients and Adam's
-    state stay float32."""
+    (``train/loss.py``) over the non-pad targets, per target token. ``amp``: the forward pass in
+    the trainer's bfloat16 context (``train.amp true``: ``Precision.autocast``, on the CPU its
+    own kernel for every linear layer; the copy task's products have 1,280 and 1,408 rows at the
+    defaults, multiples of its ``ROWS``, so none is padded) and the loss reading the bfloat16
+    logits; parameters, gradients and Adam's state stay float32."""
     torch.manual_seed(task.seed)
     config = config or ModelConfig.tiny(task.vocab_size, d_model=64, d_ff=128, h=4, N=2)
     model = Transformer(config)
@@ -100,9 +102,9 @@ def train_copy_task(
     model.train()
     for step in progress_bar(range(1, task.steps + 1), desc="copy task", disable=not progress):
         src, tgt = copy_task_batch(task.batch_size, task.length, task.vocab_size, generator)
-        # the context around the forward pass only, as in the trainer: autocast keeps the bfloat16
-        # copies of the weights until it is left, so around the whole loop every step would run on
-        # the first step's
+        # the context around the forward pass only, as in the trainer: the products of the
+        # decoding after training run without it, and under plain autocast (AIAYN_BF16_ROWS=0)
+        # the bfloat16 copies of the weights are kept until it is left
         with context:
             logits = model(src, tgt[:, :-1])  # (B, T, V)
         target = tgt[:, 1:].flatten()  # (B·T,)

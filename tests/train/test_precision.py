@@ -255,11 +255,12 @@ def test_reused_autocast_context_sees_each_steps_weights():
 )
 def test_bf16_trains_the_copy_task_to_full_exact_match():
     """The float32 copy task test's seed (test_tasks.py) with 1,000 steps instead of 700, the
-    forward pass in the trainer's bfloat16 context (``Precision.autocast``: autocast with the
-    padded-rows products) and the loss reading bfloat16 logits, as the trainer's: 100% exact match
-    (greedy decoding of the float32 weights). Under plain autocast, at 700 steps a Zen 4
-    (AVX512_BF16, no AMX) reached 99.80% (one of 512 wrong), the Xeon with AMX 100%; 1,000 steps
-    reach 100% on the Zen 4 in both (about 36 s there)."""
+    forward pass in the trainer's bfloat16 context (``Precision.autocast``: autocast with its own
+    kernel for every linear layer; at these shapes no row needs padding) and the loss reading
+    bfloat16 logits, as the trainer's: 100% exact match (greedy decoding of the float32 weights).
+    Under plain autocast, at 700 steps a Zen 4 (AVX512_BF16, no AMX) reached 99.80% (one of 512
+    wrong), the Xeon with AMX 100%; 1,000 steps reached 100% on the Zen 4 (about 36 s there), as
+    they do in this context."""
     task = CopyTask(steps=1000)
     start = time.perf_counter()
     model, losses = train_copy_task(task, amp=True)
