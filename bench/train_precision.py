@@ -32,7 +32,11 @@ With ``--profile N`` each variant then takes N more steps under ``torch.profiler
 the seconds of the matrix products (``aten::mm``, ``addmm``, ``bmm``) and of the copies
 (``aten::copy_``: autocast's casts among them) as fractions of the profiled CPU time, and the
 products' speed-up over fp32's; with them, the most a faster product could give
-(1 / (1 - products)) is read off the table.
+(1 / (1 - products)) is read off the table. With ``--compare precision``, the last column,
+``if_rest_as_fp32``, is the profiled gain bf16 would have if its time outside the products
+were fp32's: fp32's profiled time over bf16's products plus fp32's time outside them (autocast's
+casts and copies free, the products as fast as measured, padded rows included); against the
+profiled times' own ratio, it says what bf16 loses outside its products.
 
     python bench/train_precision.py [--d-model 128 256 512] [--steps 30] [--compare precision|adam|compile|loss]
         [--profile 20] [--phrases 0.5]
@@ -225,6 +229,9 @@ def main() -> None:
                     copies=round(prof["copies"] / prof["total"], 3),
                     products_speedup=round(base["products"] / prof["products"], 2),
                 )  # fmt: skip
+                if args.compare == "precision" and name != next(iter(runs)):
+                    rest = base["total"] - base["products"]  # fp32's profiled time outside the products
+                    rows[-1]["if_rest_as_fp32"] = round(base["total"] / (rest + prof["products"]), 2)
         short = [("d_model", "d_model"), ("precision", "precision"), ("tokens_per_s", "tokens/s"),
                  ("ratio_vs_fp32", "× fp32")]  # fmt: skip
         print(table(rows[-len(runs) :], short), flush=True)
@@ -245,7 +252,8 @@ def main() -> None:
                ("mfu", "of its precision's peak"), ("warmup_s", f"first {args.block} steps, s")]  # fmt: skip
     if args.profile:
         columns += [("profiled_s", f"profiled CPU s ({args.profile} steps)"), ("products", "products"),
-                    ("copies", "copies"), ("products_speedup", "products × fp32")]  # fmt: skip
+                    ("copies", "copies"), ("products_speedup", "products × fp32"),
+                    ("if_rest_as_fp32", "× fp32 if the rest took fp32's time")]  # fmt: skip
     print(table(rows, columns))
     print(f"\nwritten to {path}")
 
