@@ -217,6 +217,45 @@ def test_bpe_dropout_batches_each_epochs_split_examples_by_their_lengths(tmp_pat
         assert [s for s, _ in examples] == [tokenizer.encode(text) for text in de]
 
 
+def test_bpe_dropout_from_an_epoch_splits_no_token_before_it_and_splits_from_it_on(tmp_path, corpus, monkeypatch):
+    """``train.bpe_dropout_from 2``: the training batches of epochs 0 and 1 hold exactly the plain
+    encodings of their sentence pairs; those of epoch 2 on hold the same pairs split, more tokens
+    than their plain encodings (the epoch of each step as metrics.jsonl logs it)."""
+    config = write_config(tmp_path, corpus, max_steps=40, checkpoint_every=None, eval_every=100, amp=False)
+    run = RunConfig.from_yaml(config, parse_overrides(["--train.bpe_dropout", "0.3", "--train.bpe_dropout_from", "2"]))
+    calls = record_collates(monkeypatch)
+    train(run, tmp_path / "run", **QUIET)
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["epoch"] for r in records if r["kind"] == "train"]  # one batch a step
+    training = [examples for examples, phase, _ in calls if phase == "train"]
+    assert len(training) == len(epochs) == 40 and max(epochs) >= 3
+    assert set(epochs) == set(range(max(epochs) + 1))
+    tokens: dict[int, list[int]] = {}  # per epoch: [tokens as batched, as plainly encoded]
+    for examples, epoch in zip(training, epochs, strict=True):
+        counts = tokens.setdefault(epoch, [0, 0])
+        for s, t in examples:
+            plain = tokenizer.encode(tokenizer.decode(s)), tokenizer.encode(tokenizer.decode(t))
+            if epoch < 2:
+                assert (s, t) == plain
+            counts[0] += len(s) + len(t)
+            counts[1] += len(plain[0]) + len(plain[1])
+    for epoch, (batched, plain_tokens) in tokens.items():
+        if epoch < 2:
+            assert batched == plain_tokens > 0
+        else:
+            assert batched > 1.05 * plain_tokens, epoch
+
+
+def test_bpe_dropout_from_is_validated():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="bpe_dropout_from must be an epoch"):
+            TrainConfig(bpe_dropout=0.1, bpe_dropout_from=bad, max_steps=1)
+    with pytest.raises(ValueError, match=r"set train\.bpe_dropout too"):
+        TrainConfig(bpe_dropout_from=3, max_steps=1)
+    assert TrainConfig(bpe_dropout=0.1, bpe_dropout_from=3, max_steps=1).bpe_dropout_from == 3
+
+
 def resumes_exactly(tmp_path: Path, corpus: Path, levers: list[str], max_steps: int, stop: int) -> None:
     """Stopped at ``stop`` and resumed, a run with ``levers`` logs the uninterrupted run's losses,
     step for step, over at least two epochs."""

@@ -123,7 +123,11 @@ class TrainConfig:
     BPE merge tree, each split with this probability (``objectives.split_merges``), so a word
     comes in several segmentations; the split examples are then batched within ``max_tokens``
     (an epoch holds 0.116 more tokens per merged token at 0.1, so more batches). Evaluation and
-    translation segment as usual.
+    translation segment as usual. ``bpe_dropout_from``: the first epoch (counted from 0, as
+    metrics.jsonl's ``epoch``) whose examples are split; the epochs before it hold the plain
+    encodings. BPE-dropout regularises a model that has seen the data many times; a short run
+    (few epochs) loses by it, so a late start gives its gain to the CPUs that run many epochs
+    without costing those that run few.
 
     ``init`` (fine-tuning): start from the model directory ``init``, its config, weights and
     tokenizer (an aiayn model, or an OPUS-MT model converted by ``aiayn convert marian``), not
@@ -161,6 +165,7 @@ class TrainConfig:
     eps_ls: float = 0.1
     word_dropout: float = 0.0  # each input token replaced by <unk> with this probability (training only)
     bpe_dropout: float = 0.0  # each training token split through its BPE merges, each split with this probability
+    bpe_dropout_from: int = 0  # the first epoch (from 0) that bpe_dropout splits
     clip_norm: float | None = None
     max_steps: int | None = None
     max_epochs: int | None = None
@@ -201,6 +206,11 @@ class TrainConfig:
             raise ValueError(f"train.bpe_dropout must be in [0, 1), got {self.bpe_dropout!r}")
         if self.bpe_dropout and self.task == "mlm":
             raise ValueError("train.bpe_dropout is for translation and lm")
+        epoch = self.bpe_dropout_from
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"train.bpe_dropout_from must be an epoch (an integer >= 0), got {epoch!r}")
+        if self.bpe_dropout_from and not self.bpe_dropout:
+            raise ValueError("train.bpe_dropout_from is the epoch bpe_dropout starts at: set train.bpe_dropout too")
         if isinstance(self.cooldown, bool) or not 0 <= self.cooldown <= 1:
             raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
         if self.tokenizer is not None and self.init is not None:

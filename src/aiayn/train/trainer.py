@@ -328,9 +328,13 @@ def train(
         remake = _substitution(lexicon, train_examples, train_raw, tokenizer, objective, run.data, cfg.seed, say)
         batcher = _remade(batcher, list(range(len(train_examples))), remake, objective, cfg)
         lengths = _lengths(batcher, objective)
-    if cfg.bpe_dropout:  # each epoch's examples split afresh, then batched by the lengths they have
+    if cfg.bpe_dropout:  # each epoch's examples split afresh (from bpe_dropout_from), then batched by their lengths
+        if cfg.bpe_dropout_from:
+            say(f"BPE-dropout {cfg.bpe_dropout:g} from epoch {cfg.bpe_dropout_from} (train.bpe_dropout_from)")
 
         def split(examples: list[Any], epoch: int) -> list[Any]:
+            if epoch < cfg.bpe_dropout_from:
+                return examples
             return objective.split_examples(examples, run.data.max_len, random.Random(cfg.seed * 1_000_003 + epoch))
 
         batcher = _remade(batcher, train_examples, split, objective, cfg)
