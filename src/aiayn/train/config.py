@@ -234,7 +234,10 @@ class RunConfig:
                 + ("monolingual text: data.format text" if monolingual else "parallel text, not data.format text")
             )
         if self.data.substitute and self.train.bpe_dropout:
-            raise ValueError("data.substitute and train.bpe_dropout both remake each epoch's examples: pick one")
+            raise ValueError(
+                "data.substitute and train.bpe_dropout both remake each epoch's examples: pick one "
+                "(configs/ding.yaml sets train.bpe_dropout 0.1; pass --train.bpe_dropout 0 with data.substitute)"
+            )
 
     def model_config(self, vocab_size: int, **fields: Any) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **{**self.model, **fields})
