@@ -251,8 +251,11 @@ def test_bpe_dropout_from_is_validated():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="bpe_dropout_from must be an epoch"):
             TrainConfig(bpe_dropout=0.1, bpe_dropout_from=bad, max_steps=1)
-    with pytest.raises(ValueError, match=r"set train\.bpe_dropout too"):
-        TrainConfig(bpe_dropout_from=3, max_steps=1)
+    # the preset sets bpe_dropout_from: switching BPE-dropout off (for data.substitute, a Marian init) still loads
+    preset = Path(__file__).parents[2] / "configs" / "ding.yaml"
+    for extra in ([], ["--data.substitute", "0.5"]):
+        run = RunConfig.from_yaml(preset, parse_overrides(["--train.bpe_dropout", "0", *extra]))
+        assert run.train.bpe_dropout == 0 and run.train.bpe_dropout_from == 10
     assert TrainConfig(bpe_dropout=0.1, bpe_dropout_from=3, max_steps=1).bpe_dropout_from == 3
 
 

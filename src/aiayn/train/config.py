@@ -209,8 +209,6 @@ class TrainConfig:
         epoch = self.bpe_dropout_from
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"train.bpe_dropout_from must be an epoch (an integer >= 0), got {epoch!r}")
-        if self.bpe_dropout_from and not self.bpe_dropout:
-            raise ValueError("train.bpe_dropout_from is the epoch bpe_dropout starts at: set train.bpe_dropout too")
         if isinstance(self.cooldown, bool) or not 0 <= self.cooldown <= 1:
             raise ValueError(f"train.cooldown must be in [0, 1] (a fraction of the budget), got {self.cooldown!r}")
         if self.tokenizer is not None and self.init is not None:
