@@ -279,6 +279,14 @@ def test_bpe_dropout_with_resampled_phrases_resumes_exactly(tmp_path, corpus):
     resumes_exactly(tmp_path, corpus, levers, max_steps=10, stop=5)
 
 
+def test_bpe_dropout_from_an_epoch_resumes_exactly_across_it(tmp_path, corpus):
+    """Stopped in epoch 0 and resumed, a run with BPE-dropout from epoch 2 splits from the same
+    epoch with the same draws as the uninterrupted run."""
+    resumes_exactly(tmp_path, corpus, ["--train.bpe_dropout", "0.3", "--train.bpe_dropout_from", "2"], 24, 2)
+    records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["epoch"] for r in records if r["kind"] == "train"}[2] == 0  # the stop is before the gate
+
+
 # data.substitute -----------------------------------------------------------------------------------
 
 NOUNS = {"Hund": ("dog", "m"), "Katze": ("cat", "f"), "Pferd": ("horse", "n"),  # in the framed pairs
