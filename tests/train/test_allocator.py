@@ -19,17 +19,24 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 THP_ALWAYS = THP.is_file() and "[always]" in THP.read_text()
 
 # 64 MiB of float32, beyond glibc's largest adaptive mmap threshold (32 MiB): served by mmap
-# unless kept. The second allocation's faults: one per fresh page, or none on reused pages.
+# unless kept. Allocated and freed ROUNDS times; each round's faults: one per fresh page, or none
+# on reused pages. With kept memory one round after the first may still take fresh pages: a small
+# block that lands in the freed chunk's tail leaves it a few bytes short of the next aligned
+# request (seen on a Zen 5 with glibc 2.36: rounds 16,351, 16,385, 0, 0, ...), after which the
+# chunk at the heap's top is reused.
 SIZE = 64 * 2**20
 PAGES = SIZE // resource.getpagesize()
+ROUNDS = 6
 SCRIPT = f"""
 import json, resource, sys, torch
 from aiayn.train.allocator import keep_freed_memory
 said = keep_freed_memory() if sys.argv[1] == "keep" else "not called"
-torch.empty({SIZE // 4}).fill_(1.0)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-torch.empty({SIZE // 4}).fill_(1.0)
-print(json.dumps({{"said": said, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}}))
+faults = []
+for _ in range({ROUNDS}):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty({SIZE // 4}).fill_(1.0)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({{"said": said, "faults": faults}}))
 """
 # what would change the allocator under the test: glibc's own settings, another malloc, torch's huge pages
 SCRUB = ("AIAYN_KEEP_MEMORY", "GLIBC_TUNABLES", "LD_PRELOAD", "THP_MEM_ALLOC_ENABLE")
@@ -49,10 +56,13 @@ def faults(mode: str, **env: str) -> dict:
 @pytest.mark.skipif(THP_ALWAYS, reason="transparent huge pages always on: few faults either way")
 def test_a_large_tensor_allocated_again_reuses_the_freed_pages():
     stock = faults("stock")
-    assert stock["faults"] > PAGES * 9 // 10  # glibc's default: fresh mmap pages, one fault each
+    # glibc's default: fresh mmap pages every round, one fault each
+    assert all(f > PAGES * 9 // 10 for f in stock["faults"]), stock
     kept = faults("keep")
     assert kept["said"] == "kept for reuse (glibc: no mmap, no trim)"
-    assert kept["faults"] < PAGES // 16
+    again = kept["faults"][1:]
+    assert sum(f > PAGES // 16 for f in again) <= 1, kept  # at most one round takes fresh pages
+    assert all(f < PAGES // 16 for f in again[-3:]), kept  # and the last rounds reuse them
     off = faults("keep", AIAYN_KEEP_MEMORY="0")
     assert off["said"] == "off (AIAYN_KEEP_MEMORY=0)"
-    assert off["faults"] > PAGES * 9 // 10
+    assert all(f > PAGES * 9 // 10 for f in off["faults"]), off
