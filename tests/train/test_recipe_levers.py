@@ -425,9 +425,50 @@ def test_substitute_is_checked(fields, message):
         DataConfig(**{"dir": "data", **fields})
 
 
-def test_substitute_with_bpe_dropout_or_without_nouns_is_refused_before_training(tmp_path):
-    with pytest.raises(ValueError, match="pick one"):
-        RunConfig(data=DataConfig(dir="data", substitute=0.5), train=TrainConfig(max_steps=1, bpe_dropout=0.1))
+def test_substitute_then_bpe_dropout_from_an_epoch(tmp_path, monkeypatch):
+    """data.substitute 1.0 with BPE-dropout from epoch 1: every training batch's framed pair holds
+    a swapped noun, agreeing on both sides; in epoch 0 as plainly encoded, from epoch 1 on split
+    (more tokens than the plain encodings, batched within max_tokens by the split lengths)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    _, other = write_noun_corpus(root)
+    config = write_config(tmp_path, root, max_steps=30, checkpoint_every=None, eval_every=100, amp=False)
+    levers = ["--data.substitute", "1.0", "--train.bpe_dropout", "0.3", "--train.bpe_dropout_from", "1"]
+    calls = record_collates(monkeypatch)
+    train(RunConfig.from_yaml(config, parse_overrides(levers)), tmp_path / "run", **QUIET)
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["epoch"] for r in records if r["kind"] == "train"]  # one batch a step
+    training = [(examples, batch) for examples, phase, batch in calls if phase == "train"]
+    assert len(training) == len(epochs) == 30 and max(epochs) >= 2
+    nouns, tokens = set(), {0: [0, 0], 1: [0, 0]}  # before and from the gate: [as batched, plainly encoded]
+    for (examples, batch), epoch in zip(training, epochs, strict=True):
+        assert batch.src.numel() <= 160 and batch.tgt_in.numel() <= 160
+        for s, t in examples:
+            pair = tokenizer.decode(s), tokenizer.decode(t)
+            if pair[0].startswith("wo ist"):
+                assert pair in other
+            else:
+                nouns.add(check_framed(pair))
+            plain = tokenizer.encode(pair[0]), tokenizer.encode(pair[1])
+            if epoch < 1:
+                assert (s, t) == plain
+            counts = tokens[min(epoch, 1)]
+            counts[0] += len(s) + len(t)
+            counts[1] += len(plain[0]) + len(plain[1])
+    assert nouns == {"Kater", "Vogel", "Maus", "Schaf"}  # at 1.0 every framed pair's noun is swapped
+    assert tokens[0][0] == tokens[0][1] > 0 and tokens[1][0] > 1.05 * tokens[1][1]
+
+
+def test_substitute_with_bpe_dropout_resumes_exactly(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    write_noun_corpus(root)
+    levers = ["--data.substitute", "0.5", "--train.bpe_dropout", "0.3", "--train.bpe_dropout_from", "1"]
+    resumes_exactly(tmp_path, root, levers, max_steps=20, stop=9)
+
+
+def test_substitute_without_nouns_is_refused_before_training(tmp_path):
     root = tmp_path / "data"
     root.mkdir()
     write_noun_corpus(root)

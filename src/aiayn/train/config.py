@@ -50,7 +50,8 @@ class DataConfig:
     ``substitute`` (not in the paper; after Fadaee et al., 2017): each epoch, that share of the
     sentence pairs that align a noun of ``{dir}/nouns.tsv`` (Ding's nouns with their gender,
     written by ``aiayn data ding``) get it swapped for another noun of the same gender on both
-    sides (``aiayn.data.substitute``). Examples longer than ``max_len`` tokens are skipped and counted.
+    sides (``aiayn.data.substitute``); with ``train.bpe_dropout`` the swapped pairs are then
+    split (``trainer._in_turn``). Examples longer than ``max_len`` tokens are skipped and counted.
     """
 
     format: str = "parallel"
@@ -230,11 +231,6 @@ class RunConfig:
             raise ValueError(
                 f"train.task {self.train.task} needs "
                 + ("monolingual text: data.format text" if monolingual else "parallel text, not data.format text")
-            )
-        if self.data.substitute and self.train.bpe_dropout:
-            raise ValueError(
-                "data.substitute and train.bpe_dropout both remake each epoch's examples: pick one "
-                "(configs/ding.yaml sets train.bpe_dropout 0.1; pass --train.bpe_dropout 0 with data.substitute)"
             )
 
     def model_config(self, vocab_size: int, **fields: Any) -> ModelConfig:

@@ -201,8 +201,19 @@ def _substitution(
     return remake
 
 
+def _in_turn(remakes: list[Callable[[list[Any], int], list[Any]]]) -> Callable[[list[Any], int], list[Any]]:
+    """One remake of an epoch's examples that applies ``remakes`` in turn, each to the last one's output."""
+
+    def remake(examples: list[Any], epoch: int) -> list[Any]:
+        for each in remakes:
+            examples = each(examples, epoch)
+        return examples
+
+    return remake
+
+
 def _remade(
-    batcher: TokenBatcher | ResampledBatcher | RemadeBatcher,
+    batcher: TokenBatcher | ResampledBatcher,
     source: list[Any],
     remake: Callable[[list[Any], int], list[Any]],
     objective: Objective,
@@ -210,8 +221,6 @@ def _remade(
 ) -> RemadeBatcher:
     """Batches of each epoch's examples remade by ``remake`` from ``source`` (every example, or
     the resampled phrase pairs' draw of the epoch), batched by the lengths they then have."""
-    if isinstance(batcher, RemadeBatcher):  # RunConfig refuses data.substitute with train.bpe_dropout
-        raise ValueError("one remake of the examples at a time")
     everyone = list(range(len(source)))
     members = batcher.members if isinstance(batcher, ResampledBatcher) else (lambda _: everyone)
     return RemadeBatcher(source, members, remake, objective.lengths, cfg.max_tokens, cfg.seed)
@@ -323,12 +332,13 @@ def train(
     else:
         lengths = objective.lengths(train_examples)
         batcher = TokenBatcher(lengths, cfg.max_tokens, seed=cfg.seed)
+    remakes: list[Callable[[list[Any], int], list[Any]]] = []  # each epoch's examples remade, in this order
+    source: list[Any] = train_examples  # what the first remake starts from
     if lexicon is not None:  # each epoch, a share of the sentence pairs with one noun swapped
         assert isinstance(objective, Translation)  # data.substitute needs data.format parallel: a translation task
-        remake = _substitution(lexicon, train_examples, train_raw, tokenizer, objective, run.data, cfg.seed, say)
-        batcher = _remade(batcher, list(range(len(train_examples))), remake, objective, cfg)
-        lengths = _lengths(batcher, objective)
-    if cfg.bpe_dropout:  # each epoch's examples split afresh (from bpe_dropout_from), then batched by their lengths
+        remakes.append(_substitution(lexicon, train_examples, train_raw, tokenizer, objective, run.data, cfg.seed, say))
+        source = list(range(len(train_examples)))  # the substitution starts from the examples' indices
+    if cfg.bpe_dropout:  # each epoch's examples (swapped or not) split afresh, from bpe_dropout_from
         if cfg.bpe_dropout_from:
             say(f"BPE-dropout {cfg.bpe_dropout:g} from epoch {cfg.bpe_dropout_from} (train.bpe_dropout_from)")
 
@@ -337,7 +347,9 @@ def train(
                 return examples
             return objective.split_examples(examples, run.data.max_len, random.Random(cfg.seed * 1_000_003 + epoch))
 
-        batcher = _remade(batcher, train_examples, split, objective, cfg)
+        remakes.append(split)
+    if remakes:  # then batched by the lengths the examples have after them
+        batcher = _remade(batcher, source, _in_turn(remakes), objective, cfg)
         lengths = _lengths(batcher, objective)
     first = batcher.epoch(0)
     say(
