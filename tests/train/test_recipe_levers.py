@@ -365,11 +365,12 @@ def test_substitution_remakes_each_example_from_its_own_pair(tmp_path, german_fi
     assert remake(list(range(len(examples))), 0) == remake(list(range(len(examples))), 0)  # a function of the epoch
 
 
-def test_substitute_changes_sentence_pairs_in_training_batches_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bpe_dropout", [[], ["--train.bpe_dropout", "0.3", "--train.bpe_dropout_from", "1"]])
+def test_substitute_changes_sentence_pairs_in_training_batches_only(tmp_path, monkeypatch, bpe_dropout):
     """Trained with data.substitute 1.0 and the preset's phrase pairs (drawn afresh each epoch,
-    tagged): the framed pairs hold the nouns no framed line has, and only those, agreeing on both
-    sides; the tagged
-    phrase pairs, the other pairs and the dev batches are the corpus's own."""
+    tagged), and with BPE-dropout from epoch 1 too: the framed pairs hold the nouns no framed
+    line has, and only those, agreeing on both sides; the tagged phrase pairs, the other pairs
+    and the dev batches are the corpus's own (read as text, whatever their segmentation)."""
     root = tmp_path / "data"
     root.mkdir()
     framed, other = write_noun_corpus(root)
@@ -378,14 +379,16 @@ def test_substitute_changes_sentence_pairs_in_training_batches_only(tmp_path, mo
                       strict=True))  # fmt: skip
     config = write_config(tmp_path, root, max_steps=12, checkpoint_every=None, eval_every=6, amp=False)
     levers = ["--data.substitute", "1.0", "--data.phrases", "0.5", "--data.resample_phrases", "true",
-              "--data.phrase_tag", "true"]  # fmt: skip
+              "--data.phrase_tag", "true", *bpe_dropout]  # fmt: skip
     calls = record_collates(monkeypatch)
     train(RunConfig.from_yaml(config, parse_overrides(levers)), tmp_path / "run", **QUIET)
     tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
-    nouns, tagged = set(), 0
+    nouns, tagged, split = set(), 0, 0
     for examples, phase, _ in calls:
         for s, t in examples:
             pair = tokenizer.decode(s), tokenizer.decode(t)
+            if phase == "train":
+                split += len(t) > len(tokenizer.encode(pair[1]))
             if phase == "dev":
                 assert pair in framed | other
             elif s[0] == PHRASE:
@@ -397,6 +400,7 @@ def test_substitute_changes_sentence_pairs_in_training_batches_only(tmp_path, mo
                 nouns.add(check_framed(pair))
     assert tagged > 10
     assert nouns == {"Kater", "Vogel", "Maus", "Schaf"}  # at 1.0 every framed pair's noun is swapped
+    assert (split > 10) == bool(bpe_dropout)  # targets split (from epoch 1) only with BPE-dropout
 
 
 def test_substitute_resumes_exactly(tmp_path):
@@ -461,6 +465,8 @@ def test_substitute_then_bpe_dropout_from_an_epoch(tmp_path, monkeypatch):
 
 
 def test_substitute_with_bpe_dropout_resumes_exactly(tmp_path):
+    """data.substitute then BPE-dropout, stopped after the gate (epoch 1) and resumed: each
+    epoch's swaps and splits are a function of the seed and the epoch."""
     root = tmp_path / "data"
     root.mkdir()
     write_noun_corpus(root)

@@ -50,8 +50,9 @@ class DataConfig:
     ``substitute`` (not in the paper; after Fadaee et al., 2017): each epoch, that share of the
     sentence pairs that align a noun of ``{dir}/nouns.tsv`` (Ding's nouns with their gender,
     written by ``aiayn data ding``) get it swapped for another noun of the same gender on both
-    sides (``aiayn.data.substitute``); with ``train.bpe_dropout`` the swapped pairs are then
-    split (``trainer._in_turn``). Examples longer than ``max_len`` tokens are skipped and counted.
+    sides (``aiayn.data.substitute``); with ``train.bpe_dropout`` every example of the epoch,
+    swapped or not, is then split (from ``bpe_dropout_from``; ``trainer._in_turn``). Examples
+    longer than ``max_len`` tokens are skipped and counted.
     """
 
     format: str = "parallel"

@@ -190,7 +190,7 @@ def _substitution(
     )
 
     def remake(indices: list[int], epoch: int) -> list[Any]:
-        rng = random.Random(seed * 1_000_003 + epoch)
+        rng = random.Random(f"substitute {seed} {epoch}")  # a stream of its own, apart from BPE-dropout's
         chosen = {i for i in eligible if rng.random() < data.substitute}
         swapped = {i: lexicon.substitute(*sentences[i], rng) for i in indices if i in chosen}  # in the epoch's order
         changed = [(i, pair if german_first else pair[::-1]) for i, pair in swapped.items() if pair is not None]
