@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from tests.train.test_trainer import losses, write_config, write_corpus
 
 from aiayn.cli import main
+from aiayn.engine import kernels
 from aiayn.model import ModelConfig, Transformer
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.dropout import Dropout
@@ -365,9 +367,18 @@ def test_the_model_wires_each_dropout_rate_to_its_place():
 # train.max_time -------------------------------------------------------------------------------
 
 
-def test_max_time_stops_the_run(tmp_path, corpus):
+def test_max_time_stops_the_run(tmp_path, corpus, monkeypatch):
     # a cap far beyond what any CPU steps in a second (a fast one made 400), still finite if max_time is ignored
     max_time, max_steps = 1.0, 50_000
+    # the loss kernel's first build (~20 s on a CPU new to torch's cache), made to take 2 s: outside max_time
+    built, available = [], kernels.available
+
+    def slow_first_build() -> bool:
+        if not built:
+            built.append(time.sleep(2.0))
+        return available()
+
+    monkeypatch.setattr(kernels, "available", slow_first_build)
     config = write_config(tmp_path, corpus, max_time=max_time, max_steps=max_steps, checkpoint_every=None,
                           eval_every=10_000, amp=False)  # fmt: skip
     said: list[str] = []

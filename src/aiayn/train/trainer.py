@@ -29,7 +29,7 @@ from ..data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, paddi
 from ..data.substitute import NounLexicon, read_nouns
 from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import translate_ids
-from ..engine import prepare
+from ..engine import kernels, prepare
 from ..evaluate import Scores, evaluate_loss, score_translations
 from ..model import ModelConfig, Transformer
 from ..model.pretrained import CONFIG_NAME, atomic_write
@@ -390,6 +390,8 @@ def train(
             model, device_ids=[d.device] if d.device.type == "cuda" else None
         )
     forward = torch.compile(ddp, dynamic=True) if cfg.compile else ddp
+    if d.device.type == "cpu":  # the loss kernel's one-off build (~20 s), outside the probe and max_time
+        kernels.available()
     if "precision" in state:  # a resumed run keeps the precision it started with
         precision = Precision(state["precision"], "as the run it resumes")
     else:
