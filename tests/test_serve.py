@@ -605,8 +605,16 @@ def test_empty_texts_need_not_wait_and_default_options_decode_with_explicit_ones
     from aiayn.engine.step import Decoding
 
     step = Decoding.__call__
-    slow = lambda self, tokens: time.sleep(0.005) or step(self, tokens)  # noqa: E731
-    monkeypatch.setattr(Decoding, "__call__", slow)
+    searching, answered = threading.Event(), threading.Event()
+
+    def held(self, tokens):  # each step of the search waits until the empty request is queued (at most 10 s):
+        searching.set()  # it is then answered at the next step's boundary, the search still running
+        deadline = time.monotonic() + 10
+        while not answered.is_set() and batcher.queued < len(SENTENCES) + 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return step(self, tokens)
+
+    monkeypatch.setattr(Decoding, "__call__", held)
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
     release, order = threading.Event(), []
@@ -628,8 +636,10 @@ def test_empty_texts_need_not_wait_and_default_options_decode_with_explicit_ones
                 await asyncio.sleep(0.01)
             release.set()
             await blocker
-            await asyncio.sleep(0.05)  # the search runs: 5 ms a step, tens of steps
+            while not searching.is_set():  # the search has begun
+                await asyncio.sleep(0.01)
             empty = await ask({"texts": ["", "  "]}, "empty")
+            answered.set()
             return empty, await asyncio.gather(*asks)
 
     with serving(app) as url:
