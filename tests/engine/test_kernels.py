@@ -408,6 +408,9 @@ def test_what_the_loss_kernel_leaves_to_torch(monkeypatch):
     assert not cpu_kernels.loss_eligible(torch.empty(3, 5, device="meta"))
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "0")
     assert not cpu_kernels.loss_eligible(logits)
+    # turned off, the trainer's early build (loss_kernel_on) builds nothing either
+    monkeypatch.setattr(cpu_kernels, "available", lambda: pytest.fail("built with AIAYN_CPU_KERNELS=0"))
+    assert not cpu_kernels.loss_kernel_on()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

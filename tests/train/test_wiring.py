@@ -375,7 +375,8 @@ def test_max_time_stops_the_run(tmp_path, corpus, monkeypatch):
 
     def slow_first_build() -> bool:
         if not built:
-            built.append(time.sleep(2.0))
+            time.sleep(2.0)
+            built.append(True)
         return available()
 
     monkeypatch.setattr(kernels, "available", slow_first_build)

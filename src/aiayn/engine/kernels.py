@@ -204,9 +204,13 @@ def loss_eligible(logits: Tensor) -> bool:
         return False
     if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0 or torch.compiler.is_compiling():
         return False
-    if os.environ.get("AIAYN_CPU_KERNELS", "1") == "0":
-        return False
-    return available()
+    return loss_kernel_on()
+
+
+def loss_kernel_on() -> bool:
+    """Whether the loss kernel is turned on (``AIAYN_CPU_KERNELS`` is not 0) and built, building
+    it now if need be: the trainer calls it before its clock starts."""
+    return os.environ.get("AIAYN_CPU_KERNELS", "1") != "0" and available()
 
 
 def label_smoothed_ce(logits: Tensor, target: Tensor, eps_ls: float, want_grad: bool) -> tuple[Tensor, Tensor, Tensor]:

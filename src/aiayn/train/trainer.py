@@ -391,7 +391,7 @@ def train(
         )
     forward = torch.compile(ddp, dynamic=True) if cfg.compile else ddp
     if d.device.type == "cpu":  # the loss kernel's one-off build (~20 s), outside the probe and max_time
-        kernels.available()
+        kernels.loss_kernel_on()
     if "precision" in state:  # a resumed run keeps the precision it started with
         precision = Precision(state["precision"], "as the run it resumes")
     else:
