@@ -174,7 +174,15 @@ def test_a_short_text_is_answered_before_a_long_one_ends(model_dir, monkeypatch)
     from aiayn.engine.step import Decoding
 
     step = Decoding.__call__
-    slow = lambda self, tokens: time.sleep(0.005) or step(self, tokens)  # noqa: E731  (5 ms a step)
+    order = []
+
+    def slow(self, tokens):  # 5 ms a step; once the first short text is answered (one text left decoding),
+        time.sleep(0.005)  # each step waits (at most 10 s) until the second is queued, whatever the round trip
+        deadline = time.monotonic() + 10
+        while batcher.queued == 1 and "short again" not in order and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return step(self, tokens)
+
     monkeypatch.setattr(Decoding, "__call__", slow)
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
@@ -183,7 +191,7 @@ def test_a_short_text_is_answered_before_a_long_one_ends(model_dir, monkeypatch)
     lengths = {text: len(tokens) for text, tokens in zip(SENTENCES, outputs, strict=True)}  # decoding steps - 1
     short, long = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
     assert lengths[long] > 2 * lengths[short] + 10, lengths  # the long one decodes many more steps
-    release, order = threading.Event(), []
+    release = threading.Event()
 
     async def scenario(url):
         blocker = asyncio.ensure_future(batcher.call(release.wait))
