@@ -32,6 +32,23 @@ def model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("model"))
 
 
+def hold_steps(monkeypatch, held, before=lambda: None) -> None:
+    """Each decoding step of the engine runs ``before()``, then waits while ``held()`` (at most
+    10 s), so that a test orders a search's steps against its HTTP requests instead of racing them."""
+    from aiayn.engine.step import Decoding
+
+    step = Decoding.__call__
+
+    def waiting(self, tokens):
+        before()
+        deadline = time.monotonic() + 10
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return step(self, tokens)
+
+    monkeypatch.setattr(Decoding, "__call__", waiting)
+
+
 def app_for(model_dir, **options):
     model = Transformer.from_pretrained(model_dir).eval()
     translator = Translator(model, load_tokenizer(model_dir, model.config.vocab_size))
@@ -171,19 +188,10 @@ def test_concurrent_requests_are_batched_together(model_dir, capsys):
 def test_a_short_text_is_answered_before_a_long_one_ends(model_dir, monkeypatch):
     """Continuous batching: a request whose sentence ends early is answered then, not when the
     longest sentence decoding with it ends; one that comes later joins the running search."""
-    from aiayn.engine.step import Decoding
-
-    step = Decoding.__call__
     order = []
-
-    def slow(self, tokens):  # 5 ms a step; once the first short text is answered (one text left decoding),
-        time.sleep(0.005)  # each step waits (at most 10 s) until the second is queued, whatever the round trip
-        deadline = time.monotonic() + 10
-        while batcher.queued == 1 and "short again" not in order and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return step(self, tokens)
-
-    monkeypatch.setattr(Decoding, "__call__", slow)
+    # 5 ms a step; once the first short text is answered (one text left decoding), each step waits
+    # until the second is queued, whatever the round trip
+    hold_steps(monkeypatch, lambda: batcher.queued == 1 and "short again" not in order, lambda: time.sleep(0.005))
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
     translator = batcher.translator
@@ -610,19 +618,10 @@ def test_after_stop_requests_and_calls_get_503_and_close_ends_the_loop(model_dir
 def test_empty_texts_need_not_wait_and_default_options_decode_with_explicit_ones(model_dir, monkeypatch):
     """A request of empty texts is answered at once, even while a long search runs; ``{}`` and
     the same options written out decode in one search."""
-    from aiayn.engine.step import Decoding
-
-    step = Decoding.__call__
     searching, answered = threading.Event(), threading.Event()
-
-    def held(self, tokens):  # each step of the search waits until the empty request is queued (at most 10 s):
-        searching.set()  # it is then answered at the next step's boundary, the search still running
-        deadline = time.monotonic() + 10
-        while not answered.is_set() and batcher.queued < len(SENTENCES) + 4 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return step(self, tokens)
-
-    monkeypatch.setattr(Decoding, "__call__", held)
+    # each step of the search waits until the empty request is queued: it is then answered at the
+    # next step's boundary, the search still running
+    hold_steps(monkeypatch, lambda: not answered.is_set() and batcher.queued < len(SENTENCES) + 4, searching.set)
     app = app_for(model_dir)
     batcher: Batcher = app.state.batcher
     release, order = threading.Event(), []
