@@ -6,7 +6,8 @@ ensemble (``aiayn.decode.Ensemble``: the mean of the members' next-token probabi
 tokenizers must be identical, ``train.tokenizer``). Every system translates the dev split with
 the demo's search (beam 4, α 1.5) and is scored by sacreBLEU; its minutes are the training
 seconds its runs took in all (``elapsed`` of each run's ``final`` row in metrics.jsonl). Prints a
-table, writes ``bench/results/ding_minutes.json`` and plots dev BLEU against minutes (``--out``).
+table, writes ``bench/results/NAME.json`` (``--name``, default ``ding_minutes``) and plots dev BLEU
+against minutes (``--out``).
 
     python bench/ding_minutes.py --models runs/w/n1d5 --models runs/w/t28 \\
         --models runs/w/n1d5 runs/w/s2tok [--split dev] [--out docs/ding_minutes.png]
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=1.5)
     parser.add_argument("--out", help="PNG: dev BLEU against minutes of training")
+    parser.add_argument("--name", default="ding_minutes", help="the result's name (bench/results/NAME.json)")
     args = parser.parse_args()
     data = Path(args.data)
     sources = (data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()
@@ -76,7 +78,7 @@ def main() -> None:
         "machine": info, "split": args.split, "beam": args.beam, "alpha": args.alpha,
         "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature, "rows": rows,
     }  # fmt: skip
-    print(f"written {write_result('ding_minutes', result)}")
+    print(f"written {write_result(args.name, result)}")
     if args.out:
         plot(rows, args, Path(args.out))
         print(f"written {args.out}")
