@@ -337,7 +337,7 @@ def test_plot_runs_draws_each_runs_dev_perplexity(tmp_path, capsys):
         runs.append(run)
     fig = viz.plot_runs(runs)
     lines = fig.axes[0].get_lines()
-    assert [line.get_label() for line in lines] == ["a", "b (dev BLEU 6.00)"]
+    assert [line.get_label() for line in lines] == ["a", "b (greedy dev BLEU 6.00)"]
     for line, scale in zip(lines, (4.0, 3.0), strict=True):
         steps, ppl = line.get_data()
         assert list(steps) == [4, 8, 12] and ppl == pytest.approx([math.exp(scale / s) for s in (4, 8, 12)])

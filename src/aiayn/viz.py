@@ -108,9 +108,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_yscale("log")
     if final and "dev_bleu" in final[-1]:
         twin = ax.twinx()
-        twin.plot(
-            [final[-1]["step"]], [final[-1]["dev_bleu"]], "r*", ms=12, label=f"dev BLEU {final[-1]['dev_bleu']:.1f}"
-        )
+        bleu = final[-1]["dev_bleu"]
+        twin.plot([final[-1]["step"]], [bleu], "r*", ms=12, label=f"greedy dev BLEU {bleu:.1f}")
         twin.set_ylabel("BLEU")
         twin.legend(loc="center right")
     ax.set(xlabel="step", title="dev perplexity and BLEU")
@@ -123,7 +122,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Figure:
     """Compare runs: dev perplexity against training step, one line per run, labelled with the
-    run's directory name and its final dev BLEU where it has one (e.g. a recipe's levers, one
+    run's directory name and its final greedy dev BLEU where it has one (e.g. a recipe's levers, one
     change at a time, on the same dev split); where a run logged dev BLEU during training
     (``train.bleu_every``), a second panel: dev BLEU against minutes. Saved as a PNG at ``out``
     if given."""
@@ -141,7 +140,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> 
     for run_dir, records in runs:
         dev = [r for r in records if r.get("kind") == "dev"]
         final = [r for r in records if r.get("kind") == "final" and "dev_bleu" in r]
-        label = run_dir.name + (f" (dev BLEU {final[-1]['dev_bleu']:.2f})" if final else "")
+        label = run_dir.name + (f" (greedy dev BLEU {final[-1]['dev_bleu']:.2f})" if final else "")
         ax.plot([r["step"] for r in dev], [r["ppl"] for r in dev], "o-", ms=3, label=label)
     ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="dev perplexity (per BPE token)", title="dev perplexity")

@@ -3,6 +3,7 @@ trace, a bfloat16 step against float32, an autocast context reused step after st
 copy task learned under bfloat16 where the CPU runs it natively, and the CPU's bfloat16 products
 on rows padded to a multiple of ``ROWS``."""
 
+import collections
 import contextlib
 import time
 
@@ -262,9 +263,21 @@ def test_bf16_trains_the_copy_task_to_full_exact_match():
     wrong), the Xeon with AMX 100%; 1,000 steps reached 100% on the Zen 4 (about 36 s there), as
     they do in this context."""
     task = CopyTask(steps=1000)
-    start = time.perf_counter()
-    model, losses = train_copy_task(task, amp=True)
-    seconds = time.perf_counter() - start
+    products: collections.Counter[torch.dtype] = collections.Counter()  # each linear layer's output dtype
+
+    def record(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if isinstance(module, torch.nn.Linear):
+            products[output.dtype] += 1
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        start = time.perf_counter()
+        model, losses = train_copy_task(task, amp=True)
+        seconds = time.perf_counter() - start
+    finally:
+        hook.remove()
+    # the training ran its products in bfloat16: with ``amp`` ignored this test would fail here
+    assert set(products) == {torch.bfloat16} and products[torch.bfloat16] >= task.steps
     accuracy = copy_task_accuracy(model, task, n=512)
     print(f"bf16 copy task: {task.steps} steps in {seconds:.1f} s, exact match {accuracy:.2%}")
     assert all(p.dtype == torch.float32 for p in model.parameters())
