@@ -104,7 +104,16 @@ def _translator(args: argparse.Namespace):
 
     # the engine's choices: defaults, or what the AIAYN_* variables ask for (aiayn/engine/options.py)
     options = EngineOptions.from_environ()
-    return Translator.from_pretrained(args.model, device=args.device or "cpu", quantize=args.quantize, options=options)
+    device = args.device or "cpu"
+    return Translator.from_pretrained(args.model, device, args.quantize, options, alone=args.alone)
+
+
+def _alone(directory: str, command: str) -> None:
+    """Say so when ``command``, which takes one model, is given one of a train.members ensemble."""
+    from .translator import ensemble_members
+
+    if len(members := ensemble_members(directory)) > 1:
+        print(f"{directory} is one of an ensemble of {len(members)} (ensemble.json); {command} takes it alone")
 
 
 def _search(args: argparse.Namespace) -> dict:
@@ -136,7 +145,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
     search = "greedy" if args.beam == 1 else f"beam {args.beam}, alpha {args.alpha}"
-    search += f", an ensemble of {len(args.model)} models" if len(args.model) > 1 else ""
+    members = getattr(translator.model, "members", None)
+    search += f", an ensemble of {len(members)} models" if members is not None else ""
     int8 = ", int8" if args.quantize else ""
     ngram = f", no n-gram of {args.no_repeat_ngram_size} twice" if args.no_repeat_ngram_size else ""
     print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}{ngram}) in {seconds:.1f} s")
@@ -270,6 +280,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _attention(args: argparse.Namespace) -> int:
     from .viz import plot_attention, translation_attention
 
+    _alone(args.model, "attention")
     model, tokenizer = _load_model(args.model)
     maps = translation_attention(
         model, tokenizer, args.sentence, max_len=args.max_len, beam=args.beam, alpha=args.alpha
@@ -351,6 +362,7 @@ def _serve(args: argparse.Namespace) -> int:
     if len(args.model) > 1:  # the explorer shows one model's attention
         raise ValueError("serve takes one --model; ensembles translate with aiayn translate and evaluate")
     args.model = args.model[0]
+    _alone(args.model, "serve")
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -413,6 +425,9 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the Linear layers (CPU)")
     parser.add_argument("--device", help="cpu (default) or cuda")
+    parser.add_argument(
+        "--alone", action="store_true", help="a model of train.members: that model only, not its ensemble.json's"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

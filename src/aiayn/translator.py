@@ -5,12 +5,16 @@ translator.translate(["Es war purer Zufall."])            # beam 4, α = 0.6 (§
 translator.translate(["Es war purer Zufall."], beam=1)    # greedy
 translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...]]
 Translator.from_pretrained(["runs/ding/model", "runs/ding2/model"])  # an ensemble (one tokenizer)
+Translator.from_pretrained("runs/ding/model")  # with train.members 2: its ensemble.json's too
+Translator.from_pretrained("runs/ding/model", alone=True)  # the model alone
 for line in translator.translate_stream(read_lines("big.de")):  # aiayn.data.read_lines: a file or
     print(line)                                                   # a pipe, 1,000 lines at a time
 """
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from pathlib import Path
@@ -23,7 +27,9 @@ from .decode import Ensemble, translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
 
-__all__ = ["Translator"]
+__all__ = ["ENSEMBLE_NAME", "Translator", "ensemble_members"]
+
+ENSEMBLE_NAME = "ensemble.json"  # in a model directory: the other members of its ensemble (train.members)
 
 
 class Translator:
@@ -61,11 +67,14 @@ class Translator:
         device: str | torch.device = "cpu",
         quantize: str | None = None,
         options: EngineOptions | None = None,
+        alone: bool = False,
     ) -> Translator:
         """Load ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer.json``, or a
         converted Marian model's SentencePiece files) from ``directory``. Several directories
         make an ensemble (``aiayn.decode.Ensemble``); their tokenizer files must be identical
-        (runs trained with ``train.tokenizer`` pointing at one of them).
+        (runs trained with ``train.tokenizer`` pointing at one of them). A directory with an
+        ``ensemble.json`` (a run of ``train.members`` 2 or more) brings the members it names,
+        unless ``alone``.
 
         ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only);
         ``options``: the engine's choices (``aiayn.engine.EngineOptions``). Missing or
@@ -75,16 +84,15 @@ class Translator:
             raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
         if quantize is not None and torch.device(device).type != "cpu":
             raise ValueError("int8 quantization runs on the CPU only")
-        if not isinstance(directory, (str, Path)):
-            directories = [Path(d) for d in directory]
-            if not directories:
-                raise ValueError("no model directory given")
-            if len(directories) > 1:
-                ensemble = _load_ensemble(directories, device)
-                sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
-                return cls(ensemble, load_tokenizer(directories[0], *sizes), quantize, options)
-            directory = directories[0]
-        directory = Path(directory)
+        given = [directory] if isinstance(directory, (str, Path)) else list(directory)
+        if not given:
+            raise ValueError("no model directory given")
+        directories = [Path(d) for d in given] if alone else [m for d in given for m in ensemble_members(d)]
+        if len(directories) > 1:
+            ensemble = _load_ensemble(directories, device)
+            sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
+            return cls(ensemble, load_tokenizer(directories[0], *sizes), quantize, options)
+        directory = directories[0]
         model = Transformer.from_pretrained(directory, device=device)
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
         return cls(model, tokenizer, quantize, options)
@@ -254,3 +262,24 @@ def _load_ensemble(directories: list[Path], device: str | torch.device) -> Ensem
                 f"(train them with --train.tokenizer {directories[0]})"
             )
     return Ensemble([Transformer.from_pretrained(d, device=device) for d in directories], names=directories)
+
+
+def ensemble_members(model_dir: str | Path) -> list[Path]:
+    """The model directories of ``model_dir``'s ensemble: itself, then the members its
+    ``ensemble.json`` names (none: itself alone). A named member that is missing is an error
+    naming the file."""
+    model_dir = Path(model_dir)
+    path = model_dir / ENSEMBLE_NAME
+    if not path.exists():
+        return [model_dir]
+    try:
+        names = json.loads(path.read_text())["members"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f'{path}: not an ensemble file (expected {{"members": [directories]}})') from None
+    members = [Path(os.path.normpath(model_dir / n)) for n in names]
+    for member in members:
+        if not (member / "config.json").exists():
+            raise ValueError(f"{path}: member {member} has no model (config.json missing)")
+    return [model_dir, *members]

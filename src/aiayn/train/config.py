@@ -152,6 +152,12 @@ class TrainConfig:
     ``bleu_every`` (steps; off by default): also translate the dev sources greedily and log BLEU
     and chrF (``kind: dev_bleu`` in metrics.jsonl), as fairseq's ``--eval-bleu`` does, to see what
     more time buys. Its seconds count towards ``max_time``, like the dev loss's.
+
+    ``members`` (not in the paper; off by default): train this many models of different seeds at
+    once, each process on a share of the CPU's threads, and decode them as an ensemble
+    (``members.py``); ``auto`` trains two where one model would make at least
+    ``members_auto_steps`` steps in ``max_time`` (projected from the first 5% of it), one
+    elsewhere. One machine's CPU only: under torchrun or on a GPU it stays one.
     """
 
     task: str = "translation"
@@ -184,6 +190,8 @@ class TrainConfig:
     log_every: int = 1
     init: str | None = None  # fine-tune the model in this directory (its config, weights, tokenizer)
     tokenizer: str | None = None  # use this model or run directory's tokenizer instead of learning a BPE
+    members: int | str = 1  # models trained at once on a share of the cores each, an ensemble (members.py); auto
+    members_auto_steps: int = 6400  # members auto: two when one model would make this many steps in max_time
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_tokens", "accumulate", "warmup", "eval_every", "keep_checkpoints", "log_every"):
@@ -217,6 +225,13 @@ class TrainConfig:
             raise ValueError("train.tokenizer and train.init both give the tokenizer: set one (init brings its own)")
         if self.amp not in (True, False, "auto"):
             raise ValueError(f"train.amp must be auto, true or false, got {self.amp!r}")
+        members = self.members
+        if members != "auto" and (isinstance(members, bool) or not isinstance(members, int) or members < 1):
+            raise ValueError(f"train.members must be auto or a positive integer, got {members!r}")
+        if members != 1 and self.task != "translation":
+            raise ValueError("train.members decodes the members as one translation ensemble: train.task translation")
+        if isinstance(self.members_auto_steps, bool) or not isinstance(self.members_auto_steps, int):
+            raise ValueError(f"train.members_auto_steps must be an integer, got {self.members_auto_steps!r}")
         object.__setattr__(self, "betas", tuple(self.betas))
 
 

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from ..data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, padding_fraction
 from ..data.substitute import NounLexicon, read_nouns
 from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
-from ..decode import translate_ids
+from ..decode import Ensemble, translate_ids
 from ..engine import kernels, prepare
 from ..evaluate import Scores, evaluate_loss, score_translations
 from ..model import ModelConfig, Transformer
@@ -39,6 +40,7 @@ from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint,
 from .config import DataConfig, RunConfig, TrainConfig
 from .data import load_phrases, sample_phrases
 from .distributed import all_reduce_sum, barrier, setup_distributed, teardown_distributed
+from .members import AUTO_AT, ENSEMBLE_NAME, Member, choose_members, member_seed, start_member, write_ensemble
 from .objectives import Objective, Translation, objective_for
 from .precision import Precision, choose_precision, time_passes
 from .schedule import cooldown_factor, paper_lr
@@ -58,6 +60,8 @@ class TrainResult:
     dev_scores: Scores | None
     model_dir: Path
     seconds: float
+    members: int = 1  # models trained at once (train.members); more than one: an ensemble
+    ensemble_dev_scores: Scores | None = None  # the members' together, greedy
 
 
 class _Metrics:
@@ -127,12 +131,14 @@ def _positions(
 
 
 def dev_translation_scores(
-    model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str]
+    model: Transformer | Ensemble, tokenizer: Tokenizer, sources: list[str], references: list[str]
 ) -> Scores:
-    """BLEU and chrF (sacreBLEU) of the model's greedy translations of ``sources``, decoded by the
-    engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``); leaves the model in eval mode."""
+    """BLEU and chrF (sacreBLEU) of the model's (or ensemble's) greedy translations of ``sources``,
+    decoded by the engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``); leaves the
+    model in eval mode."""
     model.eval()
-    hypotheses = tokenizer.decode_batch(translate_ids(prepare(model), [tokenizer.encode(s) for s in sources]))
+    fast = Ensemble([prepare(m) for m in model.members]) if isinstance(model, Ensemble) else prepare(model)
+    hypotheses = tokenizer.decode_batch(translate_ids(fast, [tokenizer.encode(s) for s in sources]))
     return score_translations(hypotheses, references)
 
 
@@ -250,7 +256,28 @@ def train(
     for ``lm``, an ``EncoderOnly`` for ``mlm``) as ``run`` says, writing checkpoints,
     ``metrics.jsonl`` and the final model (``out_dir/model``) into ``out_dir``. With ``resume``,
     continue from the latest checkpoint exactly where it stopped (from the one before if a file of
-    it is missing or cut short, saying so), or start afresh if there is none."""
+    it is missing or cut short, saying so), or start afresh if there is none. With
+    ``train.members`` above one, the other members train in child processes (``members.py``),
+    stopped if this one fails."""
+    members: list[Member] = []
+    threads = torch.get_num_threads()
+    try:
+        return _train(run, out_dir, resume, progress, log, device, members)
+    finally:
+        for member in members:
+            member.stop()
+        torch.set_num_threads(threads)
+
+
+def _train(
+    run: RunConfig,
+    out_dir: str | Path,
+    resume: bool,
+    progress: bool,
+    log: Log,
+    device: str | None,
+    members: list[Member],
+) -> TrainResult:
     t0 = time.perf_counter()
     d = setup_distributed(device)
     out = Path(out_dir)
@@ -261,7 +288,7 @@ def train(
     checkpoint = resumable_checkpoint(out, say) if resume else None
     if resume and checkpoint is None:  # killed before its first checkpoint: nothing to lose
         say(f"{out}: no checkpoint to resume from; starting afresh")
-    if not resume and list_checkpoints(out):
+    if not resume and any(list_checkpoints(p) for p in [out, *sorted(out.glob("member*"))]):
         raise ValueError(f"{out} already holds checkpoints: continue it with --resume, or choose another --out")
     given = None  # train.tokenizer's, read before anything is written
     if checkpoint is None and cfg.tokenizer is not None:
@@ -409,6 +436,40 @@ def train(
             )  # fmt: skip
     state["precision"] = precision.name
     say(f"precision: {precision.name} ({precision.reason})")
+    threads = torch.get_num_threads()
+    together = d.world == 1 and d.device.type == "cpu"  # members: one machine's CPU cores
+    if cfg.members != 1 and not together:
+        if cfg.members != "auto":
+            raise ValueError(
+                "train.members trains several models on one machine's CPU: set 1 under torchrun or on a GPU"
+            )
+        state["members"] = 1
+        say("members: 1 (train.members auto trains several models on one machine's CPU only)")
+    elif cfg.members == "auto" and cfg.max_time is None:
+        state["members"] = 1
+        say("members: 1 (train.members auto projects steps in max_time; none set)")
+    elif cfg.members != "auto" and "members" not in state:
+        state["members"], state["member_max_time"] = cfg.members, cfg.max_time
+
+    def start_members(why: str) -> None:
+        """Start members 2.. of ``state["members"]``; this process keeps its share of the threads."""
+        count, each = state["members"], max(1, threads // state["members"])
+        overrides: dict[str, Any] = {}
+        if cfg.init is None and cfg.tokenizer is None:
+            overrides["tokenizer"] = str(out)  # the tokenizer this run learnt, saved above
+        if state["member_max_time"] is not None:
+            overrides["max_time"] = state["member_max_time"]
+        config = out / "members.yaml"  # the run's config as YAML (YAML reads JSON's 1e-09 as a string)
+        atomic_write(config, lambda tmp: Path(tmp).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False)))
+        for i in range(2, count + 1):
+            members.append(start_member(config, out, i, member_seed(cfg.seed, i), each, resume, overrides))
+        torch.set_num_threads(each)
+        others = "member 2 in" if count == 2 else f"members 2-{count} in"
+        threads_each = f"{each} thread{'s' if each > 1 else ''} each"
+        say(f"members: {count} ({why}); {others} {out}/member*, on {threads_each}, logs in train.log there")
+
+    if state.get("members", 1) > 1:
+        start_members("train.members" if checkpoint is None else "as the run it resumes")
     amp = precision.autocast(d.device)
     metrics = _Metrics(out / "metrics.jsonl", d.main, state["step"] if checkpoint is not None else None)
     metrics.log(
@@ -530,6 +591,14 @@ def train(
             record = {"kind": "dev_bleu", "step": step, "bleu": scores.bleu, "chrf": scores.chrf, "elapsed": elapsed}
             metrics.log(record)
             bar.write(f"step {step}: dev {scores} after {elapsed / 60:.1f} min")
+        if "members" not in state and (spent := clock()) >= AUTO_AT * cfg.max_time:  # members auto
+            state["members"], why = choose_members(step, spent, cfg.max_time, cfg.members_auto_steps, threads)
+            state["member_max_time"] = cfg.max_time - spent  # the members end together
+            metrics.log({"kind": "members", "step": step, "members": state["members"], "reason": why})
+            if state["members"] > 1:
+                start_members(why)
+            else:
+                bar.write(f"members: 1 ({why})")
         now = time.perf_counter()
         due = (cfg.checkpoint_every is not None and step % cfg.checkpoint_every == 0) or (
             cfg.checkpoint_minutes is not None and now - last_checkpoint_time >= 60 * cfg.checkpoint_minutes
@@ -554,7 +623,13 @@ def train(
     model_dir = out / "model"
     model.save_pretrained(model_dir, step=step)
     save_tokenizer(tokenizer, model_dir)
-    dev_scores = None
+    for member in members:
+        say(f"waiting for member {member.index} ({member.out}) ...")
+        member.wait()
+    torch.set_num_threads(threads)
+    if members:
+        write_ensemble(model_dir, [m.out / "model" for m in members])
+    dev_scores = ensemble_scores = None
     if dev_examples and not translation:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
         metrics.log({"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl})
@@ -568,9 +643,34 @@ def train(
             dev_scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references)
             final_metrics.update(dev_bleu=dev_scores.bleu, dev_chrf=dev_scores.chrf)
         metrics.log(final_metrics)
-        say(f"dev: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}" + (f", {dev_scores}" if dev_scores else ""))
-    say(f"model saved to {model_dir} (last checkpoint {final})")
+        alone = " (member 1 alone)" if members else ""
+        say(f"dev{alone}: loss {dev_loss:.3f}, perplexity {dev_ppl:.2f}" + (f", {dev_scores}" if dev_scores else ""))
+        if members:
+            models = [model, *(Transformer.from_pretrained(m.out / "model", device=d.device) for m in members)]
+            ensemble = Ensemble(models, names=[model_dir, *(m.out / "model" for m in members)]).eval()
+            ensemble_loss, ensemble_ppl = evaluate_loss(ensemble, dev_examples, cfg.max_tokens, d.device)
+            record = {"kind": "ensemble", "members": len(models), "dev_loss": ensemble_loss, "dev_ppl": ensemble_ppl}
+            if dev_sources:
+                ensemble_scores = dev_translation_scores(ensemble, tokenizer, dev_sources, dev_references)
+                record.update(dev_bleu=ensemble_scores.bleu, dev_chrf=ensemble_scores.chrf)
+            metrics.log(record)
+            scored = f", {ensemble_scores}" if ensemble_scores else ""
+            together = f"dev, the {len(models)} members together: loss {ensemble_loss:.3f}"
+            say(f"{together}, perplexity {ensemble_ppl:.2f}{scored}")
+    say(
+        f"model saved to {model_dir} (last checkpoint {final})"
+        + (f"; the other members in its {ENSEMBLE_NAME}" if members else "")
+    )
     teardown_distributed(d)
     return TrainResult(
-        step, state["epoch"], train_loss, dev_loss, dev_ppl, dev_scores, model_dir, time.perf_counter() - t0
+        step,
+        state["epoch"],
+        train_loss,
+        dev_loss,
+        dev_ppl,
+        dev_scores,
+        model_dir,
+        time.perf_counter() - t0,
+        state.get("members", 1),
+        ensemble_scores,
     )

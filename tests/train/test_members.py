@@ -1,0 +1,206 @@
+"""``train.members``: models of one run trained at once in child processes, one tokenizer, decoded
+as one ensemble; ``auto`` decides from the steps of the first 5% of ``max_time``."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tests.train.test_trainer import aiayn, train_records, write_config, write_corpus
+
+from aiayn.decode import Ensemble, translate_ids
+from aiayn.model import Transformer
+from aiayn.train.checkpoint import latest_checkpoint
+from aiayn.train.config import RunConfig, parse_overrides
+from aiayn.train.members import choose_members
+from aiayn.train.trainer import train
+from aiayn.translator import Translator, ensemble_members
+
+QUIET = dict(progress=False, log=lambda _: None)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    return write_corpus(root)
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+@pytest.mark.parametrize(
+    ("step", "seconds", "threads", "expected"),
+    [
+        (500, 42.0, 2, 2),  # 500 / 42 * 840 = 10,000 steps >= 7,000
+        (350, 42.0, 2, 2),  # exactly 7,000
+        (349, 42.0, 2, 1),  # 6,980
+        (200, 42.0, 2, 1),  # 4,000
+        (500, 42.0, 1, 1),  # one thread: nothing to split
+    ],
+)
+def test_auto_pairs_when_the_projected_steps_reach_the_threshold(step, seconds, threads, expected):
+    members, why = choose_members(step, seconds, 840.0, 7000, threads)
+    assert members == expected
+    assert f"project {round(step / seconds * 840):,}" in why
+
+
+def test_two_members_train_two_seeds_on_one_tokenizer_and_decode_as_one_ensemble(tmp_path, corpus):
+    threads = torch.get_num_threads()
+    config = write_config(tmp_path, corpus, members=2, max_steps=6, eval_every=6, checkpoint_every=3)
+    said: list[str] = []
+    result = train(RunConfig.from_yaml(config), tmp_path / "run", progress=False, log=said.append)
+    assert torch.get_num_threads() == threads  # this process gets its threads back
+    run, member = tmp_path / "run", tmp_path / "run" / "member2"
+    assert result.members == 2 and result.ensemble_dev_scores is not None
+    assert any("members: 2 (train.members); member 2 in" in line for line in said)
+    # member 2: seed 3 + 1000, the run's tokenizer (no BPE of its own), one member, its log
+    member_run = json.loads((member / "run.json").read_text())["train"]
+    assert (member_run["seed"], member_run["members"], member_run["tokenizer"]) == (1003, 1, str(run))
+    assert "no BPE learnt" in (member / "train.log").read_text()
+    assert (member / "model" / "tokenizer.json").read_bytes() == (run / "model" / "tokenizer.json").read_bytes()
+    assert [s for s, _ in train_records(member)] == list(range(1, 7))
+    # member 2 is the run its own command makes: the same seed and tokenizer, trained alone (one thread there)
+    alone = ["--train.seed", "1003", "--train.members", "1", "--train.tokenizer", str(run)]
+    train(RunConfig.from_yaml(config, parse_overrides(alone)), tmp_path / "alone", **QUIET)
+    got, want = train_records(member), train_records(tmp_path / "alone")
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], rel=1e-4)
+    # the model directory names its ensemble; translate and the dev scores use both members
+    assert ensemble_members(run / "model") == [run / "model", member / "model"]
+    one, two = Transformer.from_pretrained(run / "model"), Transformer.from_pretrained(member / "model")
+    assert not torch.equal(one.src_embedding.weight, two.src_embedding.weight)
+    translator = Translator.from_pretrained(run / "model")
+    assert isinstance(translator.model, Ensemble) and len(translator.model.members) == 2
+    sentences = ["haus und katze", "der rote hund", "klein"]
+    ids = [translator.tokenizer.encode(s) for s in sentences]
+    by_hand = Ensemble([one.eval(), two.eval()])
+    assert translator.translate(sentences, beam=2) == translator.tokenizer.decode_batch(
+        translate_ids(by_hand, ids, beam=2)
+    )
+    assert isinstance(Translator.from_pretrained(run / "model", alone=True).model, Transformer)
+    [together] = records(run, "ensemble")
+    [final] = records(run, "final")
+    assert together["members"] == 2 and together["dev_ppl"] != final["dev_ppl"]
+    assert together["dev_bleu"] == result.ensemble_dev_scores.bleu
+
+
+def test_auto_decides_after_the_first_twentieth_of_max_time(tmp_path, corpus):
+    base = dict(max_steps=None, max_time=3, eval_every=1000, checkpoint_every=None)
+    pair = write_config(tmp_path, corpus, members="auto", members_auto_steps=1, **base)
+    result = train(RunConfig.from_yaml(pair), tmp_path / "pair", **QUIET)
+    [decided] = records(tmp_path / "pair", "members")
+    assert decided["members"] == result.members == 2 and "at least 1 (train.members_auto_steps)" in decided["reason"]
+    assert (tmp_path / "pair" / "member2" / "model" / "config.json").exists()
+    [first] = records(tmp_path / "pair", "train")[:1]
+    assert decided["step"] >= first["step"]  # after some steps, not before
+    member_time = json.loads((tmp_path / "pair" / "member2" / "run.json").read_text())["train"]["max_time"]
+    assert 0 < member_time <= 3 * 0.95  # the rest of max_time: the members end together
+
+    one = write_config(tmp_path, corpus, members="auto", members_auto_steps=10**9, **base)
+    result = train(RunConfig.from_yaml(one), tmp_path / "one", **QUIET)
+    [decided] = records(tmp_path / "one", "members")
+    assert decided["members"] == result.members == 1 and "one model" in decided["reason"]
+    assert not (tmp_path / "one" / "member2").exists()
+    assert ensemble_members(tmp_path / "one" / "model") == [tmp_path / "one" / "model"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_run_stops_its_member_and_resumes_with_it(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, members=2, max_steps=30, checkpoint_every=2, eval_every=100000)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        aiayn("train", "--config", str(config), "--out", str(run), "--train.max_steps", "100000"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not (run / "member2" / "checkpoints" / "step_00000004").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its member's 4th step"
+        time.sleep(0.01)
+    children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _member_of(p, run)]
+    assert children, "no member process found"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 30
+    while any(_alive(p) for p in children):
+        assert time.time() < deadline, "the member kept training after its run was killed"
+        time.sleep(0.05)
+    # member 2 started on its own while this run trained on: resume both to past the run's checkpoint
+    last = int(latest_checkpoint(run).name.split("_")[1]) + 10
+    resumed = subprocess.run(
+        aiayn("train", "--config", str(config), "--out", str(run), "--resume", "--train.max_steps", str(last)),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "members: 2 (as the run it resumes)" in resumed.stdout
+    assert "resumed from" in (run / "member2" / "train.log").read_text()
+    for directory in (run, run / "member2"):  # each step once, none missing
+        assert [s for s, _ in train_records(directory)] == list(range(1, last + 1))
+    assert len(ensemble_members(run / "model")) == 2
+
+
+def _member_of(proc: Path, run: Path) -> bool:
+    try:
+        return str(run / "member2") in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def _alive(proc: Path) -> bool:
+    try:
+        return (proc / "stat").read_text().split(") ")[1][0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def test_members_need_a_translation_task_and_a_positive_count(tmp_path, corpus):
+    config = write_config(tmp_path, corpus)
+    for value in ("0", "two", "true"):
+        with pytest.raises(ValueError, match=r"train\.members must be auto or a positive integer"):
+            RunConfig.from_yaml(config, parse_overrides(["--train.members", value]))
+    with pytest.raises(ValueError, match=r"train\.members .* train\.task translation"):
+        RunConfig.from_yaml(config, parse_overrides(["--train.members", "2", "--train.task", "lm"]))
+
+
+def test_an_ensemble_file_naming_a_missing_member_is_an_error_naming_it(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, max_steps=2, eval_every=100)
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    model = tmp_path / "run" / "model"
+    (model / "ensemble.json").write_text(json.dumps({"members": ["../member2/model"]}))
+    with pytest.raises(ValueError, match=r"ensemble\.json: member .*member2/model has no model"):
+        Translator.from_pretrained(model)
+    (model / "ensemble.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"ensemble\.json: not an ensemble file"):
+        Translator.from_pretrained(model)
+    assert isinstance(Translator.from_pretrained(model, alone=True).model, Transformer)
+
+
+def test_commands_that_take_one_model_say_they_take_the_member_alone(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, members=2, max_steps=2, eval_every=100)
+    train(RunConfig.from_yaml(config), tmp_path / "run", **QUIET)
+    model = str(tmp_path / "run" / "model")
+    env = dict(os.environ, MPLBACKEND="Agg")
+    shown = subprocess.run(
+        aiayn("attention", "--model", model, "haus", "--out", str(tmp_path / "a.png")),
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert f"{model} is one of an ensemble of 2 (ensemble.json); attention takes it alone" in shown.stdout
+    scored = subprocess.run(
+        aiayn("evaluate", "--model", model, "--data", str(corpus), "--split", "dev", "--beam", "1"),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert "greedy, an ensemble of 2 models" in scored.stdout
+    alone = subprocess.run(
+        aiayn("evaluate", "--model", model, "--alone", "--data", str(corpus), "--split", "dev", "--beam", "1"),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert alone.returncode == 0 and "ensemble" not in alone.stdout
