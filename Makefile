@@ -55,10 +55,11 @@ demo: install ding data/ding/train.de
 	$(AIAYN) evaluate --model runs/ding/model --src data/ding/test.de --ref data/ding/test.en --alpha 1.5 --samples 8
 	$(AIAYN) plot runs/ding
 
-# More time, after `make demo`: SEEDS more models of its preset, each reading and writing with the
-# demo's tokenizer (about 15 minutes each), then the test split scored by all of them as one
-# ensemble, the mean of their probabilities (docs/benchmarks.md, "Ensembles"). ENSEMBLE_ARGS go to
-# each training run (e.g. --train.max_time 1680).
+# More time, after `make demo`: SEEDS more runs of its preset, each reading and writing with the
+# demo's tokenizer (about 15 minutes each; two models at once where the demo pairs, train.members),
+# then the test split scored by all of their models as one ensemble, the mean of their
+# probabilities (docs/benchmarks.md, "Ensembles"). ENSEMBLE_ARGS go to each training run (e.g.
+# --train.max_time 1680).
 SEEDS ?= 2 3
 ENSEMBLE_ARGS ?=
 ensemble: install data/ding/train.de

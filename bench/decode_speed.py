@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--skip-ctranslate2", action="store_true", help="no CTranslate2 rows")
     parser.add_argument("--sentences", type=int, default=SENTENCES, help="source sentences (default %(default)s)")
     parser.add_argument("--bf16", action="store_true", help="add the paper's model in bfloat16 to (ii) and (iv)")
+    parser.add_argument("--name", default="decode_speed", help="the result's name (bench/results/NAME.json)")
     args = parser.parse_args()
     SENTENCES = args.sentences
     if not args.skip_marian and importlib.util.find_spec("transformers") is None:
@@ -378,7 +379,7 @@ def main() -> None:
             r["by_round"] = "{median} ({min}-{max})".format(**r["speedup_by_round"])
         print("\naiayn against CTranslate2 (speed-up: CTranslate2's seconds over aiayn's, same weights):")
         print(table(vs_ct2, CT2_COLUMNS))
-    print(f"written {write_result('decode_speed', result)}")
+    print(f"written {write_result(args.name, result)}")
 
 
 COLUMNS = [
@@ -404,14 +405,14 @@ def trained(args: argparse.Namespace) -> dict:
     sources_text = (data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()
     references = (data / f"{args.split}.en").read_text(encoding="utf-8").splitlines()
     translators = {
-        "flat": Translator.from_pretrained(args.model),
-        "modules": Translator.from_pretrained(args.model),
-        "int8": Translator.from_pretrained(args.model, quantize="int8"),
-        "flat, MKL's products": Translator.from_pretrained(args.model, options=EngineOptions(gemm="mkl")),
+        "flat": Translator.from_pretrained(args.model, alone=True),
+        "modules": Translator.from_pretrained(args.model, alone=True),
+        "int8": Translator.from_pretrained(args.model, quantize="int8", alone=True),
+        "flat, MKL's products": Translator.from_pretrained(args.model, options=EngineOptions(gemm="mkl"), alone=True),
     }
     translators["modules"].model = Transformer.from_pretrained(args.model).eval()  # the paper's model, unprepared
     if args.bf16:
-        translators["bf16"] = Translator.from_pretrained(args.model)
+        translators["bf16"] = Translator.from_pretrained(args.model, alone=True)
         translators["bf16"].model = Transformer.from_pretrained(args.model).eval().to(torch.bfloat16)
     rounds = min(args.repeats, 3)
     out = []

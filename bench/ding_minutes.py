@@ -61,7 +61,7 @@ def main() -> None:
     for group in args.models:
         runs = [Path(r) for r in group]
         minutes = sum(training_seconds(r) for r in runs) / 60
-        translator = Translator.from_pretrained([r / "model" for r in runs])
+        translator = Translator.from_pretrained([r / "model" for r in runs], alone=True)  # a pair: RUN RUN/member2
         start = time.perf_counter()
         with torch.inference_mode():
             hypotheses = translator.translate(sources, beam=args.beam, alpha=args.alpha)

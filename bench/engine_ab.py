@@ -58,7 +58,7 @@ def ding(model_dir: str, data: Path, beam: int) -> tuple[dict, dict]:
     paper = Transformer.from_pretrained(model_dir).eval()
     fns, outputs = {}, {}
     for name, options in variants().items():
-        translator = Translator.from_pretrained(model_dir, options=options or EngineOptions())
+        translator = Translator.from_pretrained(model_dir, options=options or EngineOptions(), alone=True)
         if options is None:
             translator.model = paper  # the paper's modules, unprepared
 

@@ -451,7 +451,7 @@ def _train(
     elif cfg.members != "auto" and "members" not in state:
         state["members"], state["member_max_time"] = cfg.members, cfg.max_time
 
-    def start_members(why: str) -> None:
+    def start_members(why: str, say: Log = say) -> None:
         """Start members 2.. of ``state["members"]``; this process keeps its share of the threads."""
         count, each = state["members"], max(1, threads // state["members"])
         overrides: dict[str, Any] = {}
@@ -596,7 +596,7 @@ def _train(
             state["member_max_time"] = cfg.max_time - spent  # the members end together
             metrics.log({"kind": "members", "step": step, "members": state["members"], "reason": why})
             if state["members"] > 1:
-                start_members(why)
+                start_members(why, bar.write)  # a line of its own, not into the bar's
             else:
                 bar.write(f"members: 1 ({why})")
         now = time.perf_counter()
