@@ -122,11 +122,12 @@ def main() -> None:
     source = Path(args.data) / f"{args.split}.de"
     lines = list(read_lines(source))
     # the command as a user runs it (loading included), for a second baseline
-    command = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--beam", str(args.beam)]
+    # --alone: a paired run's first model, the one model the server decodes
+    command = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--alone", "--beam", str(args.beam)]
     start = time.perf_counter()
     subprocess.run([*command, "--input", str(source)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     command_rate = len(lines) / (time.perf_counter() - start)
-    translator = Translator.from_pretrained(args.model)
+    translator = Translator.from_pretrained(args.model, alone=True)
     translator.translate(lines[:50], beam=args.beam)  # warm-up: kernels built, caches touched
     start = time.perf_counter()
     reference = translator.translate(lines, beam=args.beam)

@@ -110,10 +110,10 @@ def _translator(args: argparse.Namespace):
 
 def _alone(directory: str, command: str) -> None:
     """Say so when ``command``, which takes one model, is given one of a train.members ensemble."""
-    from .translator import ensemble_members
+    from .translator import ENSEMBLE_NAME
 
-    if len(members := ensemble_members(directory)) > 1:
-        print(f"{directory} is one of an ensemble of {len(members)} (ensemble.json); {command} takes it alone")
+    if (Path(directory) / ENSEMBLE_NAME).exists():
+        print(f"{directory} is the first model of an ensemble ({ENSEMBLE_NAME}); {command} takes it alone")
 
 
 def _search(args: argparse.Namespace) -> dict:

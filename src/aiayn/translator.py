@@ -281,5 +281,8 @@ def ensemble_members(model_dir: str | Path) -> list[Path]:
     members = [Path(os.path.normpath(model_dir / n)) for n in names]
     for member in members:
         if not (member / "config.json").exists():
-            raise ValueError(f"{path}: member {member} has no model (config.json missing)")
+            raise ValueError(
+                f"{path}: member {member} has no model (config.json missing); "
+                "decode this model alone with --alone (alone=True)"
+            )
     return [model_dir, *members]

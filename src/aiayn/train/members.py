@@ -22,13 +22,13 @@ reach ``members_auto_steps`` (``choose_members``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,11 @@ class Member:
     def log(self) -> Path:
         return self.out / "train.log"
 
+    def check(self) -> None:
+        """An error naming its log if it has ended in failure (while the run trains on)."""
+        if self.process.poll() not in (None, 0):
+            self.wait()
+
     def wait(self) -> None:
         """Wait for it to end; an error naming its log if it failed."""
         code = self.process.wait()
@@ -87,11 +92,17 @@ class Member:
                 self.process.kill()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so a
-    killed run leaves no member training on."""
-    with contextlib.suppress(AttributeError, OSError):  # elsewhere the parent's finally stops it
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+def _death_signal() -> Callable[[], None] | None:
+    """What the child runs before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG),
+    so a killed run leaves no member training on; looked up here, in the parent, so that the
+    forked child loads nothing. None elsewhere (the parent's finally stops its members)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def start_member(
@@ -103,12 +114,12 @@ def start_member(
     member_out = out / f"member{index}"
     member_out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "aiayn", "train", "--config", str(config), "--out", str(member_out)]
-    command += ["--train.seed", str(seed), "--train.members", "1"]
+    command += ["--device", "cpu", "--train.seed", str(seed), "--train.members", "1"]
     for name, value in overrides.items():
         command += [f"--train.{name}", json.dumps(value) if not isinstance(value, str) else value]
     command += ["--resume"] if resume else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = _death_signal()
     with open(member_out / "train.log", "a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec)
     return Member(index, member_out, process)

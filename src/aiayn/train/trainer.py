@@ -448,6 +448,8 @@ def _train(
     elif cfg.members == "auto" and cfg.max_time is None:
         state["members"] = 1
         say("members: 1 (train.members auto projects steps in max_time; none set)")
+    elif checkpoint is not None and "members" not in state:  # a checkpoint from before train.members
+        state["members"] = 1
     elif cfg.members != "auto" and "members" not in state:
         state["members"], state["member_max_time"] = cfg.members, cfg.max_time
 
@@ -580,6 +582,9 @@ def _train(
         tok_s = positions / step_seconds
         bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", epoch=epoch, refresh=False)
         bar.update(1)
+        if members and step % cfg.eval_every == 0:
+            for member in members:  # one that failed: said now, not after max_time
+                member.check()
         if dev_examples and step % cfg.eval_every == 0:
             dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
             metrics.log({"kind": "dev", "step": step, "loss": round(dev_loss, 6), "ppl": round(dev_ppl, 3)})
@@ -593,6 +598,8 @@ def _train(
             bar.write(f"step {step}: dev {scores} after {elapsed / 60:.1f} min")
         if "members" not in state and (spent := clock()) >= AUTO_AT * cfg.max_time:  # members auto
             state["members"], why = choose_members(step, spent, cfg.max_time, cfg.members_auto_steps, threads)
+            if spent >= cfg.max_time:  # the run is over: no time left for another member
+                state["members"], why = 1, f"{why}; but max_time is spent"
             state["member_max_time"] = cfg.max_time - spent  # the members end together
             metrics.log({"kind": "members", "step": step, "members": state["members"], "reason": why})
             if state["members"] > 1:
