@@ -94,7 +94,8 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 def start_server(model: str, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--max-queue", "4096"]
+    command = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--alone", "--port", str(port)]
+    command += ["--max-queue", "4096"]  # --alone: of a paired run (train.members), the first model
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -122,7 +123,7 @@ def main() -> None:
     source = Path(args.data) / f"{args.split}.de"
     lines = list(read_lines(source))
     # the command as a user runs it (loading included), for a second baseline
-    # --alone: a paired run's first model, the one model the server decodes
+    # --alone: a paired run's first model, as the server runs it here
     command = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--alone", "--beam", str(args.beam)]
     start = time.perf_counter()
     subprocess.run([*command, "--input", str(source)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

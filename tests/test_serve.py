@@ -653,3 +653,37 @@ def test_empty_texts_need_not_wait_and_default_options_decode_with_explicit_ones
         empty, (defaults, written) = asyncio.run(scenario(url))
     assert empty == ["", ""] and order[0] == "empty"
     assert written == defaults[:2] and batcher.joins == 1
+
+
+def test_a_paired_runs_directory_serves_its_ensemble_and_shows_its_own_attention(model_dir, tmp_path):
+    """A model directory with an ensemble.json (train.members): /translate decodes the ensemble, as
+    `aiayn translate` does; /attention shows the directory's own model; alone: that model only."""
+    import shutil
+
+    import torch
+
+    from aiayn.decode import Ensemble
+    from aiayn.serve import load
+    from helpers import randomize_
+
+    first, second = tmp_path / "model", tmp_path / "member2" / "model"
+    shutil.copytree(model_dir, first)
+    shutil.copytree(model_dir, second)
+    other = randomize_(Transformer.from_pretrained(second), 7)  # another member: other weights, one tokenizer
+    other.save_pretrained(second)
+    (first / "ensemble.json").write_text(json.dumps({"members": ["../member2/model"]}))
+
+    translator, model = load(first)
+    assert isinstance(translator.model, Ensemble) and len(translator.model.members) == 2
+    own = Transformer.from_pretrained(first).state_dict()
+    assert all(torch.equal(value, own[name]) for name, value in model.state_dict().items())  # the directory's
+    together = Translator.from_pretrained(first).translate(SENTENCES, beam=2)
+    alone = Translator.from_pretrained(first, alone=True).translate(SENTENCES, beam=2)
+    assert together != alone  # the second member counts
+    with TestClient(create_app(translator, model, ServeOptions())) as client:
+        assert client.post("/translate", json={"texts": SENTENCES, "beam": 2}).json()["translations"] == together
+        answer = client.post("/attention", json={"text": SENTENCES[0]}).json()
+    expected = translation_attention(model, load_tokenizer(first), SENTENCES[0])
+    assert answer["translation"] == expected.translation
+    translator, _ = load(first, alone=True)
+    assert isinstance(translator.model, Transformer) and translator.translate(SENTENCES, beam=2) == alone

@@ -360,27 +360,27 @@ def _average(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     if len(args.model) > 1:  # the explorer shows one model's attention
-        raise ValueError("serve takes one --model; ensembles translate with aiayn translate and evaluate")
+        raise ValueError("serve takes one --model (a run of train.members serves its ensemble.json's members too)")
     args.model = args.model[0]
-    _alone(args.model, "serve")
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise ValueError("aiayn serve needs starlette and uvicorn: pip install 'aiayn[serve]'") from None
-    from .data.tokenizer import load_tokenizer
+    from .decode import Ensemble
     from .engine import EngineOptions
-    from .model import Transformer
-    from .serve import ServeOptions, model_thread, serve
-    from .translator import Translator
+    from .serve import ServeOptions, load, model_thread, serve
 
-    def load():
-        model = Transformer.from_pretrained(args.model, device=args.device or "cpu").eval()
-        tokenizer = load_tokenizer(args.model, model.config.vocab_size, model.config.tgt_vocab_size)
-        return Translator(model, tokenizer, args.quantize, EngineOptions.from_environ()), model
-
+    options = EngineOptions.from_environ()
     executor = model_thread()  # torch runs on this thread only (serve.model_thread)
-    translator, model = executor.submit(load).result()
+    loading = executor.submit(load, args.model, args.device or "cpu", args.quantize, options, args.alone)
+    translator, model = loading.result()
+    if isinstance(translator.model, Ensemble):
+        count = len(translator.model.members)
+        print(
+            f"{args.model}: an ensemble of {count} (ensemble.json): /translate decodes them together, as aiayn "
+            "translate does; the explorer's attention is this model's (--alone: this model only)"
+        )
     options = ServeOptions(max_texts=args.max_texts, max_chars=args.max_chars, max_queue=args.max_queue)
     serve(translator, model, args.host, args.port, options, executor)
     return 0
@@ -597,7 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="an HTTP translation server (POST /translate) and an attention explorer (GET /)"
     )
     server.add_argument(
-        "--model", required=True, action="append", metavar="DIR", help="model directory (one: no ensembles here)"
+        "--model",
+        required=True,
+        action="append",
+        metavar="DIR",
+        help="model directory (one; of a run of train.members: its ensemble, the explorer showing this model)",
     )
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     server.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
@@ -612,6 +616,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queue", type=_positive_int, default=defaults.max_queue, help="texts waiting or decoding (%(default)s)"
     )
     server.add_argument("--quantize", choices=["int8"], help="dynamic int8 products (CPU)")
+    server.add_argument(
+        "--alone", action="store_true", help="a model of train.members: that model only, not its ensemble.json's"
+    )
     server.add_argument("--device", help="cpu (default), cuda, ...")
     server.set_defaults(func=_serve)
 

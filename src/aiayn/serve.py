@@ -2,7 +2,8 @@
 
     aiayn serve --model runs/ding/model [--host 127.0.0.1] [--port 8000]
 
-An ASGI app (Starlette, served by uvicorn: the ``serve`` extra) over one ``Translator``:
+An ASGI app (Starlette, served by uvicorn: the ``serve`` extra) over one ``Translator`` (of a
+run of ``train.members``, its ensemble, as ``aiayn translate``'s; ``load``):
 - ``POST /translate`` ``{"texts": [...], "beam": 4, "alpha": 0.6, "max_len_a": 50,
   "no_repeat_ngram_size": 0}`` (all but ``texts`` optional) -> ``{"translations": [...]}``, what
   ``aiayn translate`` prints for the same texts and options;
@@ -46,13 +47,16 @@ import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from .data.tokenizer import load_tokenizer
 from .decode import translate_continuous
+from .engine import EngineOptions
 from .model import Transformer
-from .translator import Translator
+from .translator import Translator, ensemble_members
 
-__all__ = ["ServeOptions", "Batcher", "create_app", "model_thread", "serve", "serving"]
+__all__ = ["ServeOptions", "Batcher", "create_app", "load", "model_thread", "serve", "serving"]
 
 log = logging.getLogger("aiayn.serve")
 
@@ -410,6 +414,24 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
             future.set_result(result)
         else:
             future.set_exception(error)
+
+
+def load(
+    directory: str | Path,
+    device: str = "cpu",
+    quantize: str | None = None,
+    options: EngineOptions | None = None,
+    alone: bool = False,
+) -> tuple[Translator, Transformer]:
+    """(the translator ``/translate`` decodes with, the model ``/attention`` shows) for the model
+    ``directory``: the directory's ensemble, as ``aiayn translate`` decodes it (a run of
+    ``train.members``: ``ensemble.json``; ``alone``: the directory's model only), and the
+    directory's own model, whose attention the explorer draws."""
+    model = Transformer.from_pretrained(directory, device=device).eval()
+    if alone or len(ensemble_members(directory)) == 1:
+        tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
+        return Translator(model, tokenizer, quantize, options), model
+    return Translator.from_pretrained(directory, device, quantize, options), model
 
 
 def model_thread() -> ThreadPoolExecutor:
