@@ -326,6 +326,26 @@ def test_plot_run_is_one_png_and_leaves_the_backend_alone(tmp_path, monkeypatch)
     assert matplotlib.rcParams["backend"] == "svg"
 
 
+def test_a_paired_runs_plot_adds_its_member_and_the_two_together(tmp_path):
+    """A run of train.members: the other member's dev perplexity beside member 1's, and the
+    ensemble's dev perplexity and greedy BLEU at the end (metrics.jsonl's ``ensemble`` record)."""
+    dev = [{"kind": "dev", "step": s, "loss": 4 / s, "ppl": math.exp(4 / s)} for s in (4, 8)]
+    final = [{"kind": "final", "step": 9, "dev_loss": 0.5, "dev_ppl": 1.65, "dev_bleu": 12.5}]
+    together = [{"kind": "ensemble", "members": 2, "dev_loss": 0.4, "dev_ppl": 1.5, "dev_bleu": 14.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev + final + together))
+    (tmp_path / "member2").mkdir()
+    theirs = [{"kind": "dev", "step": s, "loss": 5 / s, "ppl": math.exp(5 / s)} for s in (4, 8)]
+    (tmp_path / "member2" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in theirs))
+    fig = viz.run_figure(tmp_path)
+    ppl, bleu = fig.axes[2], fig.axes[-1]
+    lines = {line.get_label(): line.get_data() for line in ppl.get_lines()}
+    assert list(lines) == ["dev perplexity, member 1", "member2", "the 2 together"]
+    assert list(lines["member2"][1]) == pytest.approx([math.exp(5 / 4), math.exp(5 / 8)])
+    assert list(lines["the 2 together"][0]) == [9] and list(lines["the 2 together"][1]) == [1.5]
+    labels = [line.get_label() for line in bleu.get_lines()]
+    assert labels == ["greedy dev BLEU 12.5, member 1", "greedy dev BLEU 14.0, together"]
+
+
 def test_plot_runs_draws_each_runs_dev_perplexity(tmp_path, capsys):
     runs = []
     for name, scale in (("a", 4.0), ("b", 3.0)):

@@ -26,6 +26,7 @@ __all__ = [
     "read_metrics",
     "plot_run",
     "plot_runs",
+    "run_figure",
     "ATTENTION_KINDS",
     "TranslationAttention",
     "translation_attention",
@@ -79,8 +80,17 @@ def _plot_bleu_by_minutes(ax: Any, label: str, records: list[dict]) -> None:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw loss (train and dev), learning rate, dev perplexity and BLEU of a run into one PNG
-    (default ``RUN/curves.png``); with ``train.bleu_every``, a fourth panel: dev BLEU against
-    minutes of training."""
+    (default ``RUN/curves.png``; ``run_figure``)."""
+    run_dir = Path(run_dir)
+    out = Path(out) if out is not None else run_dir / "curves.png"
+    run_figure(run_dir).savefig(out, dpi=100)
+    return out
+
+
+def run_figure(run_dir: str | Path) -> Figure:
+    """Loss (train and dev), learning rate, dev perplexity and BLEU of a run; with
+    ``train.bleu_every``, a fourth panel: dev BLEU against minutes of training. A run of
+    ``train.members`` adds its other members' dev perplexity and the members' together at the end."""
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
@@ -88,6 +98,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     train = [r for r in records if r.get("kind") == "train"]
     dev = [r for r in records if r.get("kind") == "dev"]
     final = [r for r in records if r.get("kind") == "final"]
+    together = [r for r in records if r.get("kind") == "ensemble"]
+    members = sorted(p for p in run_dir.glob("member*") if (p / "metrics.jsonl").is_file())
     over_time = any(r.get("kind") == "dev_bleu" for r in records)
     fig = Figure(figsize=(20 if over_time else 15, 4), layout="tight")
     axes = fig.subplots(1, 4 if over_time else 3)
@@ -104,20 +116,34 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set(xlabel="step", ylabel="learning rate", title="learning rate (§5.3)")
     ax = axes[2]
     if dev:
-        ax.plot([r["step"] for r in dev], [r["ppl"] for r in dev], "o-", label="dev perplexity")
+        label = "dev perplexity" + (", member 1" if members else "")
+        ax.plot([r["step"] for r in dev], [r["ppl"] for r in dev], "o-", label=label)
         ax.set_yscale("log")
+    for member in members:
+        theirs = [r for r in read_metrics(member) if r.get("kind") == "dev"]
+        ax.plot([r["step"] for r in theirs], [r["ppl"] for r in theirs], "o-", ms=3, label=f"{member.name}")
+    end = final[-1]["step"] if final else (dev[-1]["step"] if dev else 0)
+    if together:
+        ax.plot([end], [together[-1]["dev_ppl"]], "k*", ms=12, label=f"the {together[-1]['members']} together")
+    twin = None
     if final and "dev_bleu" in final[-1]:
         twin = ax.twinx()
         bleu = final[-1]["dev_bleu"]
-        twin.plot([final[-1]["step"]], [bleu], "r*", ms=12, label=f"greedy dev BLEU {bleu:.1f}")
+        alone = ", member 1" if together else ""
+        twin.plot([final[-1]["step"]], [bleu], "r*", ms=12, label=f"greedy dev BLEU {bleu:.1f}{alone}")
+    if together and "dev_bleu" in together[-1]:
+        twin = twin if twin is not None else ax.twinx()
+        bleu = together[-1]["dev_bleu"]
+        twin.plot([end], [bleu], "m*", ms=12, label=f"greedy dev BLEU {bleu:.1f}, together")
+    if twin is not None:
         twin.set_ylabel("BLEU")
         twin.legend(loc="center right")
+        ax.set_zorder(twin.get_zorder() + 1)  # the perplexities on top of the BLEU stars
+        ax.patch.set_visible(False)
     ax.set(xlabel="step", title="dev perplexity and BLEU")
     if dev:
-        ax.legend(loc="upper right")
-    out = Path(out) if out is not None else run_dir / "curves.png"
-    fig.savefig(out, dpi=100)
-    return out
+        ax.legend(loc="upper center")  # the final stars stand at the right
+    return fig
 
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Figure:
