@@ -88,6 +88,12 @@ class Translator:
         if not given:
             raise ValueError("no model directory given")
         directories = [Path(d) for d in given] if alone else [m for d in given for m in ensemble_members(d)]
+        seen: dict[Path, Path] = {}  # each model once, where it first comes
+        again = [d for d in directories if seen.setdefault(d.resolve(), d) is not d]
+        if again:
+            names = ", ".join(map(str, again))
+            warnings.warn(f"{names}: given more than once (an ensemble.json names it too?); decoded once", stacklevel=2)
+            directories = list(seen.values())
         if len(directories) > 1:
             ensemble = _load_ensemble(directories, device)
             sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size

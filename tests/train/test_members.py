@@ -87,6 +87,11 @@ def test_two_members_train_two_seeds_on_one_tokenizer_and_decode_as_one_ensemble
         translate_ids(by_hand, ids, beam=2)
     )
     assert isinstance(Translator.from_pretrained(run / "model", alone=True).model, Transformer)
+    with pytest.warns(UserWarning, match=r"member2/model: given more than once .*; decoded once"):
+        twice = Translator.from_pretrained([run / "model", member / "model"])  # member 2 through ensemble.json too
+    assert len(twice.model.members) == 2 and twice.translate(sentences, beam=2) == translator.translate(
+        sentences, beam=2
+    )
     [together] = records(run, "ensemble")
     [final] = records(run, "final")
     assert together["members"] == 2 and together["dev_ppl"] != final["dev_ppl"]
