@@ -127,6 +127,7 @@ def _search(args: argparse.Namespace) -> dict:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from .decode import Ensemble
     from .evaluate import score_translations
 
     if (args.src is None) != (args.ref is None):
@@ -145,8 +146,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
     search = "greedy" if args.beam == 1 else f"beam {args.beam}, alpha {args.alpha}"
-    members = getattr(translator.model, "members", None)
-    search += f", an ensemble of {len(members)} models" if members is not None else ""
+    if isinstance(translator.model, Ensemble):
+        search += f", an ensemble of {len(translator.model.members)} models"
     int8 = ", int8" if args.quantize else ""
     ngram = f", no n-gram of {args.no_repeat_ngram_size} twice" if args.no_repeat_ngram_size else ""
     print(f"{len(sources)} sentences of {args.src} translated ({search}{int8}{ngram}) in {seconds:.1f} s")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.train.test_trainer import aiayn, train_records, write_config, write_corpus
+from tests.train.test_trainer import aiayn, start_until, train_records, write_config, write_corpus
 
 from aiayn.decode import Ensemble, translate_ids
 from aiayn.model import Transformer
@@ -120,14 +120,8 @@ def test_auto_decides_after_the_first_twentieth_of_max_time(tmp_path, corpus):
 def test_a_killed_run_stops_its_member_and_resumes_with_it(tmp_path, corpus):
     config = write_config(tmp_path, corpus, members=2, max_steps=30, checkpoint_every=2, eval_every=100000)
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        aiayn("train", "--config", str(config), "--out", str(run), "--train.max_steps", "100000"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while not (run / "member2" / "checkpoints" / "step_00000004").is_dir():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its member's 4th step"
-        time.sleep(0.01)
+    command = ["train", "--config", str(config), "--out", str(run), "--train.max_steps", "100000"]
+    proc = start_until(command, run / "member2" / "checkpoints" / "step_00000004", "its member's 4th step")
     children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _member_of(p, run)]
     assert children, "no member process found"
     environ = (children[0] / "environ").read_bytes().split(b"\0")
@@ -193,6 +187,17 @@ def test_a_checkpoint_from_before_members_resumes_as_one_model(tmp_path, corpus)
     result = train(longer, tmp_path / "run", resume=True, **QUIET)
     assert result.members == 1 and not (tmp_path / "run" / "member2").exists()
     assert [s for s, _ in train_records(tmp_path / "run")] == list(range(1, result.step + 1))
+
+
+def test_a_run_resumed_before_auto_decided_decides_then(tmp_path, corpus):
+    auto = ["--train.members", "auto", "--train.members_auto_steps", "1", "--train.max_steps", "4"]
+    config = write_config(tmp_path, corpus, checkpoint_every=2, eval_every=100)
+    early = RunConfig.from_yaml(config, parse_overrides([*auto, "--train.max_time", "1000"]))  # decides at 50 s
+    train(early, tmp_path / "run", **QUIET)
+    assert json.loads((latest_checkpoint(tmp_path / "run") / "trainer_state.json").read_text())["members"] == "auto"
+    later = RunConfig.from_yaml(config, parse_overrides([*auto, "--train.max_time", "1", "--train.max_steps", "40"]))
+    result = train(later, tmp_path / "run", resume=True, **QUIET)
+    assert result.members == 2 and (tmp_path / "run" / "member2" / "model" / "config.json").exists()
 
 
 def test_members_need_a_translation_task_and_a_positive_count(tmp_path, corpus):

@@ -115,20 +115,24 @@ def aiayn(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiayn", *args]
 
 
+def start_until(args: list[str], path: Path, what: str) -> subprocess.Popen:
+    """``aiayn ARGS`` as a process, returned once ``path`` exists (within 120 s, while it runs)."""
+    proc = subprocess.Popen(aiayn(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not path.is_dir():
+        assert proc.poll() is None and time.time() < deadline, f"the run ended before {what}"
+        time.sleep(0.005)
+    return proc
+
+
 def test_resume_after_kill_repeats_the_same_losses(tmp_path, corpus):
     config = write_config(tmp_path, corpus, max_steps=16, checkpoint_every=2, eval_every=4)
     reference = tmp_path / "reference"
     subprocess.run(aiayn("train", "--config", str(config), "--out", str(reference)), check=True, capture_output=True)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        aiayn("train", "--config", str(config), "--out", str(killed), "--train.max_steps", "100000"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while not (killed / "checkpoints" / "step_00000004").is_dir():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its 4th step"
-        time.sleep(0.005)
+    command = ["train", "--config", str(config), "--out", str(killed), "--train.max_steps", "100000"]
+    proc = start_until(command, killed / "checkpoints" / "step_00000004", "its 4th step")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     resumed_from = int(latest_checkpoint(killed).name.split("_")[1])

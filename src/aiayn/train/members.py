@@ -4,16 +4,17 @@ Not in the paper (§6.1 reports single models); the ensembles are fairseq's and 
 next-token distribution is the mean of the members' (``aiayn.decode.Ensemble``). On a small CPU a
 small model stops gaining long before a generous ``max_time`` ends, and two models of different
 seeds, each on half of the cores, then buy more than one model on all of them (issue 24: on a
-2-core Zen 5, two one-core models of the Ding preset read dev BLEU 9.08 together in the same 14
-minutes against 8.45 for one model on both cores, while 56 minutes bought the one model nothing).
+2-core Zen 5, two one-core models of the Ding preset read dev BLEU 9.02 together in the same 14
+minutes, the mean of five pairs, against 8.45 for one model on both cores, while 56 minutes bought
+the one model nothing).
 
 The run's process trains member 1 into ``out`` as ever; member i > 1 is a child process,
 ``aiayn train`` with seed ``seed + 1000 (i - 1)`` (``member_seed``: runs of seeds 1, 2, 3 ...
 share none) and the run's tokenizer, into ``out/member{i}`` (its log in ``train.log`` there),
-each process on ``threads // members`` threads. ``out/model/``
-then holds member 1 with ``ensemble.json`` naming the others, so ``aiayn evaluate`` and
-``translate`` decode the ensemble and the commands that take one model (``serve``,
-``attention``) take member 1 alone (``aiayn.translator.ensemble_members``).
+each process on ``threads // members`` threads. ``out/model/`` then holds member 1 with
+``ensemble.json`` naming the others, so ``aiayn evaluate``, ``translate`` and ``serve`` decode
+the ensemble (``aiayn.translator.ensemble_members``) and ``attention``, which draws one model,
+takes member 1 alone.
 
 ``members: auto`` decides after the first ``AUTO_AT`` of ``max_time``: it projects the steps one
 model would make in ``max_time`` from the steps so far, and trains a second member when they

@@ -30,11 +30,12 @@ from ..data.batching import RemadeBatcher, ResampledBatcher, TokenBatcher, paddi
 from ..data.substitute import NounLexicon, read_nouns
 from ..data.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 from ..decode import Ensemble, translate_ids
-from ..engine import kernels, prepare
+from ..engine import kernels
 from ..evaluate import Scores, evaluate_loss, score_translations
 from ..model import ModelConfig, Transformer
 from ..model.pretrained import CONFIG_NAME, atomic_write
 from ..progress import progress_bar
+from ..translator import Translator
 from .allocator import keep_freed_memory
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .config import DataConfig, RunConfig, TrainConfig
@@ -137,7 +138,7 @@ def dev_translation_scores(
     decoded by the engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``); leaves the
     model in eval mode."""
     model.eval()
-    fast = Ensemble([prepare(m) for m in model.members]) if isinstance(model, Ensemble) else prepare(model)
+    fast = Translator(model, tokenizer).model  # prepared on the engine (an ensemble: each member)
     hypotheses = tokenizer.decode_batch(translate_ids(fast, [tokenizer.encode(s) for s in sources]))
     return score_translations(hypotheses, references)
 
@@ -445,13 +446,12 @@ def _train(
             )
         state["members"] = 1
         say("members: 1 (train.members auto trains several models on one machine's CPU only)")
-    elif cfg.members == "auto" and cfg.max_time is None:
+    elif "members" not in state:  # a resumed run keeps its members; one from before train.members has one
+        state["members"] = cfg.members if checkpoint is None else 1  # "auto": decided in the loop
+        state["member_max_time"] = cfg.max_time
+    if state["members"] == "auto" and cfg.max_time is None:
         state["members"] = 1
         say("members: 1 (train.members auto projects steps in max_time; none set)")
-    elif checkpoint is not None and "members" not in state:  # a checkpoint from before train.members
-        state["members"] = 1
-    elif cfg.members != "auto" and "members" not in state:
-        state["members"], state["member_max_time"] = cfg.members, cfg.max_time
 
     def start_members(why: str, say: Log = say) -> None:
         """Start members 2.. of ``state["members"]``; this process keeps its share of the threads."""
@@ -470,7 +470,7 @@ def _train(
         threads_each = f"{each} thread{'s' if each > 1 else ''} each"
         say(f"members: {count} ({why}); {others} {out}/member*, on {threads_each}, logs in train.log there")
 
-    if state.get("members", 1) > 1:
+    if state["members"] not in (1, "auto"):
         start_members("train.members" if checkpoint is None else "as the run it resumes")
     amp = precision.autocast(d.device)
     metrics = _Metrics(out / "metrics.jsonl", d.main, state["step"] if checkpoint is not None else None)
@@ -596,7 +596,7 @@ def _train(
             record = {"kind": "dev_bleu", "step": step, "bleu": scores.bleu, "chrf": scores.chrf, "elapsed": elapsed}
             metrics.log(record)
             bar.write(f"step {step}: dev {scores} after {elapsed / 60:.1f} min")
-        if "members" not in state and (spent := clock()) >= AUTO_AT * cfg.max_time:  # members auto
+        if state["members"] == "auto" and (spent := clock()) >= AUTO_AT * cfg.max_time:
             state["members"], why = choose_members(step, spent, cfg.max_time, cfg.members_auto_steps, threads)
             if spent >= cfg.max_time:  # the run is over: no time left for another member
                 state["members"], why = 1, f"{why}; but max_time is spent"
@@ -678,6 +678,6 @@ def _train(
         dev_scores,
         model_dir,
         time.perf_counter() - t0,
-        state.get("members", 1),
+        1 + len(members),
         ensemble_scores,
     )
