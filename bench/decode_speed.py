@@ -7,9 +7,8 @@
      and int8, greedy and beam 4, in the same alternating rounds; ``--skip-ctranslate2`` leaves it out;
 (iv) with ``--model DIR``: a trained model on the Ding test split, fp32 against int8: speed and
      BLEU (the int8 BLEU change); its decoders alternate too (at most 3 rounds).
-With ``--bf16``, (ii) and (iv) add the engine with bfloat16 products (``EngineOptions(bf16=True)``,
-``AIAYN_CPU_BF16=1``) and the paper's model with its weights in bfloat16 (unprepared), the rows
-that tell whether bf16 pays for decoding on this CPU.
+With ``--bf16``, (ii) and (iv) add the paper's model with its weights in bfloat16 (unprepared: the
+engine is float32's), the rows that tell whether bf16 pays for decoding on this CPU.
 aiayn's fp32 rows come three times, the same search in the same run: on the engine as
 configured (``aiayn.engine.prepare``: the flat decoding step, the C++ kernels, products by oneDNN
 on packed weights where torch runs AVX-512 kernels, else by MKL), on the paper's model unprepared
@@ -309,9 +308,6 @@ def main() -> None:
         bf16 = copy.deepcopy(paper).to(torch.bfloat16)
         runs["bf16 greedy"] = lambda: greedy_decode(bf16, src, max_len=L, min_len=L)
         runs["bf16 beam"] = lambda: beam_search(bf16, src, beam=4, max_len=L, min_len=L)
-        bf16_engine = engine.prepare(paper, options=EngineOptions(bf16=True))
-        runs["bf16 engine greedy"] = lambda: greedy_decode(bf16_engine, src, max_len=L, min_len=L)
-        runs["bf16 engine beam"] = lambda: beam_search(bf16_engine, src, beam=4, max_len=L, min_len=L)
     if ONEDNN:
         mkl = engine.prepare(paper, options=EngineOptions(gemm="mkl"))
         runs["mkl greedy"] = lambda: greedy_decode(mkl, src, max_len=L, min_len=L)
@@ -338,7 +334,7 @@ def main() -> None:
     vs_ct2: list[dict] = []
     for kind, beam, title in (("greedy", 1, "greedy"), ("beam", 4, "beam 4")):
         names = (f"Marian {kind}", f"ct2 fp32 {kind}", kind, f"module {kind}", f"mkl {kind}", f"int8 {kind}",
-                 f"ct2 int8 {kind}", f"bf16 engine {kind}", f"bf16 {kind}")  # fmt: skip
+                 f"ct2 int8 {kind}", f"bf16 {kind}")  # fmt: skip
         times = alternating({k: runs[k] for k in names if k in runs}, args.repeats)  # each round's seconds
         peer = times.get(f"Marian {kind}")
         if peer is not None:
@@ -358,8 +354,6 @@ def main() -> None:
         if f"mkl {kind}" in times:
             row(f"aiayn {title} (fp32, MKL's products)", times[f"mkl {kind}"], beam, peer=peer)
         row(f"aiayn {title} (int8)", times[f"int8 {kind}"], beam, peer=peer)
-        if f"bf16 engine {kind}" in times:
-            row(f"aiayn {title} (bf16 products, the engine)", times[f"bf16 engine {kind}"], beam, peer=peer)
         if f"bf16 {kind}" in times:
             row(f"aiayn {title} (bf16 weights, the paper's model unprepared)", times[f"bf16 {kind}"], beam, peer=peer)
     if ct2:
@@ -402,8 +396,7 @@ CT2_COLUMNS = [
 def trained(args: argparse.Namespace) -> dict:
     """fp32 against int8 on a real test split: sentences/s and BLEU, greedy and beam 4. The
     decoders of a search (fp32 on the engine, fp32 on the paper's model, int8, fp32 with MKL's
-    products where the default is oneDNN's, and with ``--bf16`` the engine's bfloat16 products and
-    the paper's model in bfloat16)
+    products where the default is oneDNN's, and with ``--bf16`` the paper's model in bfloat16)
     alternate, as in (ii); BLEU is scored on each one's first (warm-up) output."""
     from aiayn import Translator
     from aiayn.evaluate import score_translations
@@ -421,7 +414,6 @@ def trained(args: argparse.Namespace) -> dict:
     if args.bf16:
         translators["bf16"] = Translator.from_pretrained(args.model, alone=True)
         translators["bf16"].model = Transformer.from_pretrained(args.model).eval().to(torch.bfloat16)
-        translators["bf16 flat"] = Translator.from_pretrained(args.model, options=EngineOptions(bf16=True), alone=True)
     rounds = min(args.repeats, 3)
     out = []
     for beam in (1, 4):
@@ -430,7 +422,6 @@ def trained(args: argparse.Namespace) -> dict:
         if ONEDNN:
             decoders["fp32 mkl"] = (None, "flat, MKL's products")
         if args.bf16:
-            decoders["bf16 flat"] = ("bf16", "bf16 flat")
             decoders["bf16 modules"] = ("bf16", "bf16")
         fns = {
             name: _decoder(translators[which], sources_text, beam, hypotheses, name)
@@ -438,7 +429,7 @@ def trained(args: argparse.Namespace) -> dict:
         }
         times = alternating(fns, rounds)
         for name, (quantize, step) in decoders.items():
-            step = {"int8": "flat", "bf16": "modules", "bf16 flat": "flat"}.get(step, step)
+            step = {"int8": "flat", "bf16": "modules"}.get(step, step)
             scores = score_translations(hypotheses[name], references)
             seconds = median(times[name])
             out.append({

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.engine.linear import SMALL_ROWS, PackedLinear, bf16_supported
+from aiayn.engine.linear import SMALL_ROWS, PackedLinear
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -112,39 +112,3 @@ def test_compiled_traces_f_linear(onednn):
     x = torch.randn(3, 16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), F.linear(x, linear.weight, linear.bias))
-
-
-needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="oneDNN has no bfloat16 on this CPU")
-
-
-@needs_bf16
-@pytest.mark.parametrize("rows", [1, 4, 300])
-@pytest.mark.parametrize("bias", [True, False])
-def test_bf16_products_are_the_bf16_rounded_operands_product(rows, bias):
-    """``bf16=True``: y is x and W (and b) rounded to bfloat16, multiplied with a float32 (here a
-    float64) accumulator, rounded to bfloat16 once, returned as float32; max(0, ·) inside at a step."""
-    torch.manual_seed(rows)
-    linear = torch.nn.Linear(64, 96, bias=bias)
-    layer = PackedLinear(linear.weight, linear.bias, onednn=False, bf16=True)
-    assert layer.bf16 and layer.packed is not None and "bf16=True" in repr(layer)
-    x = torch.randn(rows, 64)
-    w, b = linear.weight.detach().bfloat16().double(), None if not bias else linear.bias.detach().bfloat16().double()
-    exact = x.bfloat16().double() @ w.t() + (0 if b is None else b)  # (rows, 96)
-    with torch.no_grad():
-        for y, want in ((layer(x), exact), (layer.step(x, relu=True), exact.relu())):
-            assert y.dtype == torch.float32 and y.shape == (rows, 96)
-            # one rounding to 8 bits of mantissa (relative 2^-8), and the accumulation order's
-            torch.testing.assert_close(y.double(), want, rtol=2**-7, atol=1e-5)
-            assert not torch.equal(y, F.linear(x, linear.weight, linear.bias))  # not float32's product
-
-
-def test_bf16_stays_float32_where_onednn_has_none(monkeypatch):
-    import aiayn.engine.linear as linear_module
-
-    monkeypatch.setattr(linear_module, "bf16_supported", lambda: False)
-    linear = torch.nn.Linear(16, 24)
-    layer = PackedLinear(linear.weight, linear.bias, onednn=False, bf16=True)
-    assert not layer.bf16 and layer.packed is None
-    x = torch.randn(3, 16)
-    with torch.no_grad():
-        torch.testing.assert_close(layer(x), F.linear(x, linear.weight, linear.bias))

@@ -22,8 +22,6 @@ def test_from_environ():
     assert EngineOptions.from_environ({}) == EngineOptions()
     env = {"AIAYN_CPU_KERNELS": "0", "AIAYN_CPU_GEMM": " MKL "}
     assert EngineOptions.from_environ(env) == EngineOptions(kernels=False, gemm="mkl")
-    assert EngineOptions.from_environ({"AIAYN_CPU_BF16": "1"}) == EngineOptions(bf16=True)
-    assert EngineOptions.from_environ({"AIAYN_CPU_BF16": "0"}) == EngineOptions()
     with pytest.warns(UserWarning, match="AIAYN_CPU_GEMM='fast' is not one of auto, onednn, mkl: using auto"):
         assert EngineOptions.from_environ({"AIAYN_CPU_GEMM": "fast"}).gemm == "auto"
     with warnings.catch_warnings():

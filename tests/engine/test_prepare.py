@@ -48,40 +48,6 @@ def test_steps_equal_teacher_forcing(name, quantize):
         tgt = torch.cat([tgt[order], torch.randint(4, 23, (3 * K, 1))], dim=1)
 
 
-@pytest.mark.skipif(not engine.linear.bf16_supported(), reason="oneDNN has no bfloat16 on this CPU")
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_bf16_steps_are_close_to_the_float32_model(name):
-    """``EngineOptions(bf16=True)``: every product in bfloat16; step by step, beams reordered, the
-    logits stay within bfloat16's rounding of the float32 model's teacher-forced ones."""
-    model = random_model(**CONFIGS[name])
-    prepared = engine.prepare(model, options=engine.EngineOptions(bf16=True))
-    layers = [m for m in prepared.modules() if isinstance(m, engine.linear.PackedLinear)]
-    assert layers and all(m.bf16 for m in layers)
-    src, K = _sources(), 2
-    state = Decoding(prepared, src, beam=K, steps=6)
-    rows = torch.arange(3).repeat_interleave(K)
-    tgt = torch.full((3 * K, 1), model.config.bos_id)
-    for _ in range(5):
-        logits = state(tgt[:, -1])  # (R, V)
-        expected = model(src[rows], tgt)[:, -1]
-        error = (logits - expected).abs().max()
-        assert 0 < error < 0.05 * expected.abs().max()  # bfloat16's, not float32's, and not a wrong model's
-        order = torch.tensor([1, 0, 2, 2, 5, 4])
-        state.reorder(order, sentences_changed=False)
-        tgt = torch.cat([tgt[order], torch.randint(4, 23, (3 * K, 1))], dim=1)
-
-
-def test_bf16_options_errors_and_fallback(monkeypatch):
-    model = random_model(3)
-    with pytest.raises(ValueError, match="int8 products or bfloat16 ones"):
-        engine.prepare(model, quantize="int8", options=engine.EngineOptions(bf16=True))
-    monkeypatch.setattr(engine.linear, "bf16_supported", lambda: False)
-    monkeypatch.setattr(engine, "bf16_supported", lambda: False)
-    with pytest.warns(UserWarning, match="oneDNN has no bfloat16 on this CPU; the products stay float32"):
-        prepared = engine.prepare(model, options=engine.EngineOptions(bf16=True))
-    assert not any(getattr(m, "bf16", False) for m in prepared.modules())
-
-
 def test_prepare_shares_the_parameters_and_leaves_the_model_alone():
     model = random_model(1)
     before = {n: p.clone() for n, p in model.state_dict().items()}

@@ -2,14 +2,12 @@
 
     model = aiayn.engine.prepare(model)                   # float32: packed weights, kernels
     model = aiayn.engine.prepare(model, quantize="int8")  # dynamic int8 products (CPU)
-    model = aiayn.engine.prepare(model, options=EngineOptions(bf16=True))  # bfloat16 products
     aiayn.decode.beam_search(model, src)                  # the same searches, prepared or not
 
 ``prepare`` returns a copy of the model for inference that shares its parameters. What it holds
 beyond them, made once there and never re-checked at a call:
 - the projections as ``PackedLinear`` layers (``linear.py``), with packed oneDNN weights where
-  ``EngineOptions.gemm`` takes them (all of them in bfloat16 with ``EngineOptions.bf16``), or
-  dynamically quantized int8 ones (``quantize.py``);
+  ``EngineOptions.gemm`` takes them, or dynamically quantized int8 ones (``quantize.py``);
 - encoder-decoder attention with separate Q and [K; V] projections, and the pre-softmax
   projection as one layer (``engine_projection``), holding the tied embedding's weight and any
   output bias, so that every product is one layer;
@@ -25,13 +23,12 @@ follow later changes to the weights. The prepared model cannot be trained or sav
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 from torch import Tensor, nn
 
 from ..model import MultiHeadAttention, Transformer
-from .linear import PackedLinear, bf16_supported
+from .linear import PackedLinear
 from .options import EngineOptions
 from .quantize import quantize_dynamic_int8
 
@@ -93,10 +90,6 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
     device = next(model.parameters()).device
     if quantize == "int8" and device.type != "cpu":
         raise ValueError("int8 quantization runs on the CPU only")
-    if quantize == "int8" and options.bf16:
-        raise ValueError("choose int8 products or bfloat16 ones (EngineOptions.bf16), not both")
-    if options.bf16 and device.type == "cpu" and not bf16_supported():
-        warnings.warn("EngineOptions.bf16: oneDNN has no bfloat16 on this CPU; the products stay float32", stacklevel=2)
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     prepared = copy.deepcopy(model, memo=shared).eval()
     for layer in prepared.decoder.layers:
@@ -123,6 +116,6 @@ def _pack(module: nn.Module, options: EngineOptions) -> None:
     for name, child in module.named_children():
         if type(child) is nn.Linear:
             onednn = options.onednn_for(child.in_features, child.out_features)
-            setattr(module, name, PackedLinear.of(child, onednn, options.transposed, options.bf16))
+            setattr(module, name, PackedLinear.of(child, onednn, options.transposed))
         else:
             _pack(child, options)

@@ -21,13 +21,6 @@ Two measured paths, chosen by ``EngineOptions.gemm`` when the model is prepared:
 
 Both serve float32 on the CPU with autograd and autocast off; anything else is ``F.linear``.
 A prepared model is for inference: the packed copy does not follow later changes to W.
-
-**bfloat16 products** (``EngineOptions.bf16``, off by default): every weight packed for oneDNN
-in bfloat16 instead (2 bytes per parameter), x rounded to bfloat16 at each product and y
-returned in float32; the rest of the step (attention, norms, softmax) stays float32. On a Zen 5
-(AVX512_BF16) beam 4 over the Ding preset's dev split ran 1.2x the float32 engine at a BLEU
-within 0.1; not measured on other CPUs, so it is a choice, not a default. Where oneDNN has no
-bfloat16 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) the products stay float32.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PackedLinear", "SMALL_ROWS", "bf16_supported", "transposed"]
+__all__ = ["PackedLinear", "SMALL_ROWS", "transposed"]
 
 SMALL_ROWS = 128  # above it an A/B of beam search (256 rows) showed no gain for the transposed product
 
@@ -48,11 +41,6 @@ def transposed(x2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     # copy of it), 5-10% faster than adding it afterwards
     y = torch.mm(weight, x2.t()) if bias is None else torch.addmm(bias[:, None], weight, x2.t())
     return y.t()  # (R, d_out)
-
-
-def bf16_supported() -> bool:
-    """Whether oneDNN runs bfloat16 products on this CPU (natively or not: AVX-512 at least)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _plain(x: Tensor) -> bool:
@@ -68,38 +56,25 @@ def _plain(x: Tensor) -> bool:
 
 class PackedLinear(nn.Module):
     """An ``nn.Linear``'s weight and bias (the same tensors, shared) with, for ``onednn``, a
-    packed copy of the weight made here, once (with ``bf16``, a bfloat16 one, and the bias in
-    bfloat16). Calling it gives ``F.linear``'s values in a contiguous tensor; ``step`` is the flat
-    decoding step's product (possibly a transposed view).
+    packed copy of the weight made here, once. Calling it gives ``F.linear``'s values in a
+    contiguous tensor; ``step`` is the flat decoding step's product (possibly a transposed view).
     """
 
-    def __init__(
-        self, weight: Tensor, bias: Tensor | None, onednn: bool, transpose_steps: bool = True, bf16: bool = False
-    ) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool, transpose_steps: bool = True) -> None:
         super().__init__()
         self.weight, self.bias, self.transpose_steps = weight, bias, transpose_steps
         self.in_features, self.out_features = weight.size(1), weight.size(0)
-        plain = weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.bf16 = bf16 and plain and bf16_supported()
-        packed = weight.detach().bfloat16() if self.bf16 else weight.detach()
-        self.packed_bias = bias.detach().bfloat16() if self.bf16 and bias is not None else None  # bf16's only
-        packable = (onednn or self.bf16) and plain
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(packed) if packable else None
+        packable = onednn and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()) if packable else None
 
     @classmethod
-    def of(cls, linear: nn.Linear, onednn: bool, transpose_steps: bool = True, bf16: bool = False) -> PackedLinear:
-        return cls(linear.weight, linear.bias, onednn, transpose_steps, bf16)
-
-    def _onednn(self, x: Tensor, attr: str = "none") -> Tensor:
-        """oneDNN's product on the packed weight, max(0, ·) inside it with ``attr="relu"``."""
-        if self.bf16:  # x rounded to bfloat16, y back to float32
-            return torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.packed, self.packed_bias, attr, [], "").float()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], "")
+    def of(cls, linear: nn.Linear, onednn: bool, transpose_steps: bool = True) -> PackedLinear:
+        return cls(linear.weight, linear.bias, onednn, transpose_steps)
 
     def forward(self, x: Tensor) -> Tensor:
         """y = x Wᵀ + b. Shape: ``(..., d_in) -> (..., d_out)``."""
         if self.packed is not None and x.numel() and _plain(x):
-            return self._onednn(x)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
     def step(self, x2: Tensor, relu: bool = False) -> Tensor:
@@ -108,7 +83,8 @@ class PackedLinear(nn.Module):
         transposed view."""
         if x2.numel() and _plain(x2):
             if self.packed is not None:  # oneDNN applies max(0, ·) inside the same product (§3.3)
-                return self._onednn(x2, "relu" if relu else "none")
+                attr = "relu" if relu else "none"
+                return torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, attr, [], "")
             if self.transpose_steps and x2.size(0) <= SMALL_ROWS:
                 y = transposed(x2, self.weight, self.bias)
                 return y.relu_() if relu else y
@@ -117,4 +93,4 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
-        return f"{sizes}, packed={self.packed is not None}, bf16={self.bf16}, transpose_steps={self.transpose_steps}"
+        return f"{sizes}, packed={self.packed is not None}, transpose_steps={self.transpose_steps}"

@@ -9,7 +9,6 @@ maps the environment variables a user may set into it (``from_environ``):
 |---|---|---|
 | ``kernels`` | ``AIAYN_CPU_KERNELS=0`` turns off | the C++ attention kernel (``kernels.py``; and the loss kernel) |
 | ``gemm`` | ``AIAYN_CPU_GEMM=auto|onednn|mkl`` | how float32 CPU products run (``linear.py``) |
-| ``bf16`` | ``AIAYN_CPU_BF16=1`` turns on | bfloat16 products on oneDNN's packed weights (``linear.py``) |
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ class EngineOptions:
 
     kernels: bool = True  # C++ attention for decoding steps (CPU, float32)
     gemm: str = "auto"  # float32 CPU products: oneDNN on packed weights, MKL, or auto (onednn_for)
-    bf16: bool = False  # every CPU product in bfloat16 on oneDNN's packed weights, where oneDNN has bfloat16
 
     def __post_init__(self) -> None:
         if self.gemm not in GEMMS:
@@ -83,5 +81,4 @@ class EngineOptions:
         return cls(
             kernels=env.get("AIAYN_CPU_KERNELS", "1") != "0",
             gemm=gemm,
-            bf16=env.get("AIAYN_CPU_BF16", "0") not in ("0", ""),
         )
