@@ -48,3 +48,28 @@ def test_into_a_file_a_redraw_every_log_interval(clock):
 
 def test_on_a_terminal_every_step_as_tqdm(clock):
     assert redraws(progress_bar, Terminal(), clock) == redraws(tqdm, Terminal(), clock) >= STEPS
+
+
+def test_into_a_file_each_redraw_and_message_is_a_line(clock):
+    """No carriage returns in a log file: each redraw on its own line, and a message printed
+    through ``tqdm.write`` (the trainer's dev scores) on its own line between them."""
+    stream = io.StringIO()
+    bar = progress_bar(total=STEPS, desc="train", file=stream)
+    for step in range(STEPS):
+        clock()
+        bar.set_postfix(loss=f"{1 / (step + 1):.3f}", refresh=False)
+        bar.update(1)
+        if step in (100, 400):
+            bar.write(f"step {step}: dev loss 1.000", file=stream)
+    bar.close()
+    text = stream.getvalue()
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert all(line.startswith("train:") or line.startswith("step ") for line in lines)
+    assert [line for line in lines if line.startswith("step ")] == [
+        "step 100: dev loss 1.000",
+        "step 400: dev loss 1.000",
+    ]
+    assert all(line == line.rstrip() for line in lines)  # no padding left
+    assert lines[-1].startswith("train: 100%") and f"{STEPS}/{STEPS}" in lines[-1]
+    assert STEPS / LOG_INTERVAL <= sum(line.startswith("train:") for line in lines) <= STEPS / LOG_INTERVAL + 4
