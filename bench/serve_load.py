@@ -11,7 +11,10 @@ and p99 latency, errors (goal: none), and whether every answer equals the
 command's translation of that line. Clients and server share the machine's cores: on a 2-core
 CPU the clients' own work counts against the server.
 
-    python bench/serve_load.py --model runs/ding/model [--data data/ding] [--clients 1 8 32]
+    python bench/serve_load.py --model runs/ding/model [--data data/ding] [--clients 1 8 32] [--ensemble]
+
+A paired run's directory (``train.members``) is served and translated by its first model alone
+(``--alone``), unless ``--ensemble``.
 """
 
 from __future__ import annotations
@@ -93,9 +96,9 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
-def start_server(model: str, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--alone", "--port", str(port)]
-    command += ["--max-queue", "4096"]  # --alone: of a paired run (train.members), the first model
+def start_server(model: str, port: int, alone: bool = True) -> subprocess.Popen:
+    command = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--max-queue", "4096"]
+    command += ["--alone"] if alone else []  # of a paired run (train.members), the first model only
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -118,17 +121,19 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--ensemble", action="store_true", help="a paired run's ensemble, not its first model alone")
     args = parser.parse_args()
 
     source = Path(args.data) / f"{args.split}.de"
     lines = list(read_lines(source))
     # the command as a user runs it (loading included), for a second baseline
     # --alone: a paired run's first model, as the server runs it here
-    command = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--alone", "--beam", str(args.beam)]
+    command = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--beam", str(args.beam)]
+    command += [] if args.ensemble else ["--alone"]
     start = time.perf_counter()
     subprocess.run([*command, "--input", str(source)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     command_rate = len(lines) / (time.perf_counter() - start)
-    translator = Translator.from_pretrained(args.model, alone=True)
+    translator = Translator.from_pretrained(args.model, alone=not args.ensemble)
     translator.translate(lines[:50], beam=args.beam)  # warm-up: kernels built, caches touched
     start = time.perf_counter()
     reference = translator.translate(lines, beam=args.beam)
@@ -136,7 +141,7 @@ def main() -> None:
     del translator
     print(f"aiayn translate: {len(lines)} lines, {baseline:.1f} sentences/s (beam {args.beam})")
 
-    server = start_server(args.model, args.port)
+    server = start_server(args.model, args.port, alone=not args.ensemble)
     url = f"http://127.0.0.1:{args.port}"
     rows = []
     try:
@@ -177,6 +182,7 @@ def main() -> None:
     result = {
         "machine": machine(),
         "model": args.model,
+        "ensemble": args.ensemble,
         "lines": len(lines),
         "beam": args.beam,
         "translate_sentences_per_s": round(baseline, 1),
@@ -185,7 +191,7 @@ def main() -> None:
         "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
         "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
-    print(f"\nwritten to {write_result('serve_load', result)}")
+    print(f"\nwritten to {write_result('serve_load_ensemble' if args.ensemble else 'serve_load', result)}")
 
 
 if __name__ == "__main__":

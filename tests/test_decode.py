@@ -710,6 +710,27 @@ def test_translate_continuous_beam_search_equals_beam_search_alone(monkeypatch, 
     assert [best[key] for key in feed.given] == [hyps[0].tokens for hyps in alone]
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_ensemble_of_prepared_models_takes_sentences_into_its_running_search(monkeypatch, beam):
+    """Two prepared models of different shapes as one ``Ensemble``: sentences join its running
+    search (each member's ``Decoding.add``), and each result is what the unprepared ensemble
+    gives the sentence alone."""
+    a = _model(seed=11, eos_boost=2.5, max_len=64)
+    b = _model(seed=12, eos_boost=2.5, max_len=64, N=1, d_ff=48, norm_first=True)
+    sources = _random_sources(20, seed=12)
+    plain = decode.Ensemble([a, b])
+    if beam == 1:
+        alone = _greedy_alone(plain, sources, max_len_a=6)
+        assert len({len(x) for x in alone}) > 4  # sentences end at different steps
+    else:
+        alone = [hyps[0].tokens for hyps in _beams_alone(plain, sources, beam=beam, max_len_a=6)]
+    joins = _spy_joins(monkeypatch)
+    feed = _Feed(sources, sizes=(2, 0, 1), cap=5)
+    found = _continuous(decode.Ensemble([_prepared(a), _prepared(b)]), feed, beam=beam, max_len_a=6)
+    assert [found[key] for key in feed.given] == alone
+    assert len(joins) % 2 == 0 and sum(joins) >= 2 * 10  # both members took each join; most sentences joined
+
+
 def test_continuous_rows_stay_within_learned_positions(monkeypatch):
     """A learned positional table of 20 positions, outputs up to 19 tokens: ended greedy rows
     wait in the batch (until a quarter of it has ended) while later sentences keep the search

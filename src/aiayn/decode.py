@@ -204,7 +204,8 @@ class Ensemble(nn.Module):
     of ``evaluate_loss`` are the ensemble's. The members must share the tokenizer; their
     vocabulary sizes, special ids and device must agree (checked here), their shapes may differ.
     A token any member suppresses (``suppress_ids``) the ensemble never produces. In
-    ``translate_continuous`` an ensemble takes new sentences only once its batch has ended.
+    ``translate_continuous`` sentences join a running search as for one model where every
+    member is prepared (``aiayn.engine.prepare``).
     """
 
     def __init__(self, models: Sequence[Transformer], names: Sequence[Any] | None = None) -> None:
@@ -250,10 +251,21 @@ def _mean_of_probabilities(logits: list[Tensor]) -> Tensor:
 
 class _EnsembleState:
     """The decoder states of an ``Ensemble``'s members, stepped together: the mean of their
-    next-token probabilities (as log p), their caches reordered and frozen alike."""
+    next-token probabilities (as log p), their caches reordered and frozen alike, and sentences
+    joining all of them (``add``) where every member is on the engine."""
 
     def __init__(self, states: list[_Plain | Decoding]) -> None:
         self.states = states
+
+    @property
+    def joinable(self) -> bool:
+        """Whether sentences may join the running search: every member on ``Decoding``, none with
+        an attention window (``Decoding.add``)."""
+        return all(isinstance(s, Decoding) and s.model.config.attention_window is None for s in self.states)
+
+    def add(self, src: Tensor) -> None:
+        for state in self.states:
+            state.add(src)
 
     def __call__(self, tokens: Tensor) -> Tensor:
         return _mean_of_probabilities([state(tokens) for state in self.states])  # (R, V)
@@ -503,8 +515,8 @@ def _search(
 
     ``feed`` instead of ``batches`` (``translate_continuous``): asked before every step, it may
     bring sentences to join those decoding, at their own position 0 (``Decoding.add``: on the
-    engine, without an attention window; elsewhere only once the batch has ended). The search
-    ends when nothing decodes and the feed brings nothing.
+    engine, or an ensemble of such models, without an attention window; elsewhere only once the
+    batch has ended). The search ends when nothing decodes and the feed brings nothing.
     """
     config, K = model.config, strategy.K
     feed = _in_turn(batches) if feed is None else feed
@@ -517,7 +529,11 @@ def _search(
             sentences, src = batch
             limit = limits(src)
             state = _decoding(model, src, K, int(limit.max()), use_cache)
-            joinable = isinstance(state, Decoding) and config.attention_window is None
+            joinable = (
+                state.joinable
+                if isinstance(state, _EnsembleState)
+                else (isinstance(state, Decoding) and config.attention_window is None)
+            )
             rows = _Rows.start(sentences, limit, K, config)
             strategy.join(sentences)
         elif joinable:
@@ -731,9 +747,10 @@ def translate_continuous(
     none equal to a key still decoding) or None. Yields ``(key, result)`` as each sentence ends,
     the result as ``translate_ids``'s; ends when nothing decodes and the feed brings nothing.
     Joining rows start at position 0 beside the others (``Decoding.add``), on a model from
-    ``aiayn.engine.prepare`` without an attention window; any other model takes a feed's
-    sentences only once the batch has ended. With float weights each result is what the
-    sentence gets decoded alone. Bad arguments raise here, before the first step.
+    ``aiayn.engine.prepare`` without an attention window, or an ``Ensemble`` of such models;
+    any other model takes a feed's sentences only once the batch has ended. With float weights
+    each result is what the sentence gets decoded alone. Bad arguments raise here, before the
+    first step.
     """
     _check(beam, nbest, no_repeat_ngram_size)
     _check_max_len_a(model.config, max_len_a)

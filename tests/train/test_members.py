@@ -18,7 +18,7 @@ from aiayn.decode import Ensemble, translate_ids
 from aiayn.model import Transformer
 from aiayn.train.checkpoint import latest_checkpoint
 from aiayn.train.config import RunConfig, parse_overrides
-from aiayn.train.members import choose_members
+from aiayn.train.members import choose_members, split_threads
 from aiayn.train.trainer import train
 from aiayn.translator import Translator, ensemble_members
 
@@ -51,6 +51,21 @@ def test_auto_pairs_when_the_projected_steps_reach_the_threshold(step, seconds, 
     members, why = choose_members(step, seconds, 840.0, 7000, threads)
     assert members == expected
     assert f"project {round(step / seconds * 840):,}" in why
+
+
+@pytest.mark.parametrize(
+    ("threads", "members", "expected"), [(2, 2, (1, 1)), (3, 2, (2, 1)), (16, 3, (6, 5)), (1, 2, (1, 1))]
+)
+def test_threads_are_split_evenly_and_member_1_keeps_the_rest(threads, members, expected):
+    assert split_threads(threads, members) == expected
+
+
+def test_no_thread_is_left_idle_and_each_member_gets_one():
+    for threads in range(1, 17):
+        for members in range(1, 5):
+            own, each = split_threads(threads, members)
+            assert own >= each >= 1 and own - each < members  # as even as whole threads allow
+            assert own + each * (members - 1) == max(threads, members)  # all used; one each at least
 
 
 def test_two_members_train_two_seeds_on_one_tokenizer_and_decode_as_one_ensemble(tmp_path, corpus):

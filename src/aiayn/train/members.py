@@ -11,10 +11,11 @@ the one model nothing).
 The run's process trains member 1 into ``out`` as ever; member i > 1 is a child process,
 ``aiayn train`` with seed ``seed + 1000 (i - 1)`` (``member_seed``: runs of seeds 1, 2, 3 ...
 share none) and the run's tokenizer, into ``out/member{i}`` (its log in ``train.log`` there),
-each process on ``threads // members`` threads. ``out/model/`` then holds member 1 with
-``ensemble.json`` naming the others, so ``aiayn evaluate``, ``translate`` and ``serve`` decode
-the ensemble (``aiayn.translator.ensemble_members``) and ``attention``, which draws one model,
-takes member 1 alone.
+each process on ``threads // members`` threads, member 1 keeping any left over
+(``split_threads``). ``out/model/`` then holds member 1 with ``ensemble.json`` naming the others,
+so ``aiayn evaluate``, ``translate`` and ``serve`` decode the ensemble
+(``aiayn.translator.ensemble_members``) and ``attention``, which draws one model, takes member 1
+alone.
 
 ``members: auto`` decides after the first ``AUTO_AT`` of ``max_time``: it projects the steps one
 model would make in ``max_time`` from the steps so far, and trains a second member when they
@@ -36,7 +37,7 @@ from pathlib import Path
 from ..model.pretrained import atomic_write
 from ..translator import ENSEMBLE_NAME
 
-__all__ = ["AUTO_AT", "Member", "choose_members", "member_seed", "start_member", "write_ensemble"]
+__all__ = ["AUTO_AT", "Member", "choose_members", "member_seed", "split_threads", "start_member", "write_ensemble"]
 
 AUTO_AT = 0.05  # members auto decides after this fraction of max_time (42 s of the demo's 840)
 
@@ -52,6 +53,13 @@ def choose_members(step: int, seconds: float, max_time: float, auto_steps: int, 
     if projected >= auto_steps:
         return 2, f"{at}, at least {auto_steps:,} (train.members_auto_steps): two models"
     return 1, f"{at}, fewer than {auto_steps:,} (train.members_auto_steps): one model"
+
+
+def split_threads(threads: int, members: int) -> tuple[int, int]:
+    """(this process's threads, each other member's): ``threads // members`` each, this process
+    (member 1) keeping what an uneven split leaves over; at least one each."""
+    each = max(1, threads // members)
+    return max(1, threads - each * (members - 1)), each
 
 
 def member_seed(seed: int, index: int) -> int:

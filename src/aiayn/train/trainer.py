@@ -41,7 +41,16 @@ from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint,
 from .config import DataConfig, RunConfig, TrainConfig
 from .data import load_phrases, sample_phrases
 from .distributed import all_reduce_sum, barrier, setup_distributed, teardown_distributed
-from .members import AUTO_AT, ENSEMBLE_NAME, Member, choose_members, member_seed, start_member, write_ensemble
+from .members import (
+    AUTO_AT,
+    ENSEMBLE_NAME,
+    Member,
+    choose_members,
+    member_seed,
+    split_threads,
+    start_member,
+    write_ensemble,
+)
 from .objectives import Objective, Translation, objective_for
 from .precision import Precision, choose_precision, time_passes
 from .schedule import cooldown_factor, paper_lr
@@ -455,7 +464,8 @@ def _train(
 
     def start_members(why: str, say: Log = say) -> None:
         """Start members 2.. of ``state["members"]``; this process keeps its share of the threads."""
-        count, each = state["members"], max(1, threads // state["members"])
+        count = state["members"]
+        own, each = split_threads(threads, count)
         overrides: dict[str, Any] = {}
         if cfg.init is None and cfg.tokenizer is None:
             overrides["tokenizer"] = str(out)  # the tokenizer this run learnt, saved above
@@ -465,9 +475,9 @@ def _train(
         atomic_write(config, lambda tmp: Path(tmp).write_text(yaml.safe_dump(run.to_dict(), sort_keys=False)))
         for i in range(2, count + 1):
             members.append(start_member(config, out, i, member_seed(cfg.seed, i), each, resume, overrides))
-        torch.set_num_threads(each)
+        torch.set_num_threads(own)
         others = "member 2 in" if count == 2 else f"members 2-{count} in"
-        threads_each = f"{each} thread{'s' if each > 1 else ''} each"
+        threads_each = f"{each} thread{'s' if each > 1 else ''} each" + (f" (this one {own})" if own != each else "")
         say(f"members: {count} ({why}); {others} {out}/member*, on {threads_each}, logs in train.log there")
 
     if state["members"] not in (1, "auto"):
