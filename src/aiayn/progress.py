@@ -47,7 +47,9 @@ class _Lines:
     def __hash__(self) -> int:
         return hash(self.stream)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding ...: the stream's
+        if name == "stream":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.stream, name)
 
 
