@@ -257,12 +257,6 @@ class _EnsembleState:
     def __init__(self, states: list[_Plain | Decoding]) -> None:
         self.states = states
 
-    @property
-    def joinable(self) -> bool:
-        """Whether sentences may join the running search: every member on ``Decoding``, none with
-        an attention window (``Decoding.add``)."""
-        return all(isinstance(s, Decoding) and s.model.config.attention_window is None for s in self.states)
-
     def add(self, src: Tensor) -> None:
         for state in self.states:
             state.add(src)
@@ -277,6 +271,14 @@ class _EnsembleState:
     def freeze(self, rows: Tensor) -> None:
         for state in self.states:
             state.freeze(rows)
+
+
+def _joinable(state: _Plain | Decoding | _EnsembleState) -> bool:
+    """Whether sentences may join a running search on ``state`` (``Decoding.add``): on the engine
+    without an attention window; an ensemble's where every member's may."""
+    if isinstance(state, _EnsembleState):
+        return all(_joinable(s) for s in state.states)
+    return isinstance(state, Decoding) and state.model.config.attention_window is None
 
 
 def _decoding(
@@ -529,11 +531,7 @@ def _search(
             sentences, src = batch
             limit = limits(src)
             state = _decoding(model, src, K, int(limit.max()), use_cache)
-            joinable = (
-                state.joinable
-                if isinstance(state, _EnsembleState)
-                else (isinstance(state, Decoding) and config.attention_window is None)
-            )
+            joinable = _joinable(state)
             rows = _Rows.start(sentences, limit, K, config)
             strategy.join(sentences)
         elif joinable:
