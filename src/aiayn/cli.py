@@ -105,7 +105,23 @@ def _translator(args: argparse.Namespace):
     # the engine's choices: defaults, or what the AIAYN_* variables ask for (aiayn/engine/options.py)
     options = EngineOptions.from_environ()
     device = args.device or "cpu"
-    return Translator.from_pretrained(args.model, device, args.quantize, options, alone=args.alone)
+    return Translator.from_pretrained(
+        args.model, device, args.quantize, options, alone=args.alone, knn=not args.no_knn, retrieval=_retrieval(args)
+    )
+
+
+def _retrieval(args: argparse.Namespace) -> dict[str, float]:
+    """The kNN-MT settings given on the command line, over the datastore's own."""
+    return {"lam": args.knn_lambda} if args.knn_lambda is not None else {}
+
+
+def _knn_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-knn", action="store_true", help="decode without the model directory's kNN-MT datastore (train.knn)"
+    )
+    parser.add_argument(
+        "--knn-lambda", type=_fraction, metavar="λ", help="the weight of the datastore's neighbours (its own: 0.3)"
+    )
 
 
 def _alone(directory: str, command: str) -> None:
@@ -328,6 +344,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = _finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to 1")
+    return value
+
+
 def _attention_kinds(text: str) -> list[str]:
     from .viz import ATTENTION_KINDS
 
@@ -374,7 +397,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     options = EngineOptions.from_environ()
     executor = model_thread()  # torch runs on this thread only (serve.model_thread)
-    loading = executor.submit(load, args.model, args.device or "cpu", args.quantize, options, args.alone)
+    device = args.device or "cpu"
+    loading = executor.submit(
+        load, args.model, device, args.quantize, options, args.alone, not args.no_knn, _retrieval(args)
+    )
     translator, model = loading.result()
     if isinstance(translator.model, Ensemble):
         count = len(translator.model.members)
@@ -429,6 +455,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--alone", action="store_true", help="a model of train.members: that model only, not its ensemble.json's"
     )
+    _knn_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -620,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--alone", action="store_true", help="a model of train.members: that model only, not its ensemble.json's"
     )
+    _knn_arguments(server)
     server.add_argument("--device", help="cpu (default), cuda, ...")
     server.set_defaults(func=_serve)
 

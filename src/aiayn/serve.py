@@ -54,6 +54,7 @@ from .data.tokenizer import load_tokenizer
 from .decode import translate_continuous
 from .engine import EngineOptions
 from .model import Transformer
+from .retrieval import Datastore
 from .translator import Translator, ensemble_members
 
 __all__ = ["ServeOptions", "Batcher", "create_app", "load", "model_thread", "serve", "serving"]
@@ -422,16 +423,20 @@ def load(
     quantize: str | None = None,
     options: EngineOptions | None = None,
     alone: bool = False,
+    knn: bool = True,
+    retrieval: dict[str, Any] | None = None,
 ) -> tuple[Translator, Transformer]:
     """(the translator ``/translate`` decodes with, the model ``/attention`` shows) for the model
     ``directory``: the directory's ensemble, as ``aiayn translate`` decodes it (a run of
-    ``train.members``: ``ensemble.json``; ``alone``: the directory's model only), and the
-    directory's own model, whose attention the explorer draws."""
+    ``train.members``: ``ensemble.json``; ``alone``: the directory's model only; with each
+    model's kNN-MT datastore unless ``knn`` is False, ``retrieval`` overriding its config), and
+    the directory's own model, whose attention the explorer draws."""
     model = Transformer.from_pretrained(directory, device=device).eval()
     if alone or len(ensemble_members(directory)) == 1:
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
-        return Translator(model, tokenizer, quantize, options), model
-    return Translator.from_pretrained(directory, device, quantize, options), model
+        store = Datastore.load(directory, **(retrieval or {})) if knn else None
+        return Translator(model, tokenizer, quantize, options, [store]), model
+    return Translator.from_pretrained(directory, device, quantize, options, knn=knn, retrieval=retrieval), model
 
 
 def model_thread() -> ThreadPoolExecutor:

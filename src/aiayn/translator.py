@@ -7,6 +7,7 @@ translator.translate(["Es war purer Zufall."], nbest=3)   # [[(text, score), ...
 Translator.from_pretrained(["runs/ding/model", "runs/ding2/model"])  # an ensemble (one tokenizer)
 Translator.from_pretrained("runs/ding/model")  # with train.members 2: its ensemble.json's too
 Translator.from_pretrained("runs/ding/model", alone=True)  # the model alone
+Translator.from_pretrained("runs/ding/model", knn=False)  # without its datastore (kNN-MT, train.knn)
 for line in translator.translate_stream(read_lines("big.de")):  # aiayn.data.read_lines: a file or
     print(line)                                                   # a pipe, 1,000 lines at a time
 """
@@ -26,6 +27,7 @@ from .data.tokenizer import Tokenizer, load_tokenizer, tokenizer_contents
 from .decode import Ensemble, translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
+from .retrieval import Datastore
 
 __all__ = ["ENSEMBLE_NAME", "Translator", "ensemble_members"]
 
@@ -48,16 +50,23 @@ class Translator:
         tokenizer: Tokenizer,
         quantize: str | None = None,
         options: EngineOptions | None = None,
+        datastores: Sequence[Datastore | None] | None = None,
     ) -> None:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
             )
-        if isinstance(model, Ensemble):
-            members = [m if is_prepared(m) else prepare(m.eval(), quantize, options) for m in model.members]
-            self.model = Ensemble(members).eval()
-        else:
-            self.model = model if is_prepared(model) else prepare(model.eval(), quantize, options)
+        members = list(model.members) if isinstance(model, Ensemble) else [model]
+        stores = [None] * len(members) if datastores is None else list(datastores)
+        if len(stores) != len(members):
+            raise ValueError(f"{len(stores)} datastores for {len(members)} model(s)")
+        if any(is_prepared(m) and store is not None for m, store in zip(members, stores, strict=True)):
+            raise ValueError("a prepared model takes its datastore from aiayn.engine.prepare, not here")
+        members = [
+            m if is_prepared(m) else prepare(m.eval(), quantize, options, store)
+            for m, store in zip(members, stores, strict=True)
+        ]
+        self.model = Ensemble(members).eval() if isinstance(model, Ensemble) else members[0]
         self.tokenizer = tokenizer
 
     @classmethod
@@ -68,6 +77,8 @@ class Translator:
         quantize: str | None = None,
         options: EngineOptions | None = None,
         alone: bool = False,
+        knn: bool = True,
+        retrieval: dict[str, Any] | None = None,
     ) -> Translator:
         """Load ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer.json``, or a
         converted Marian model's SentencePiece files) from ``directory``. Several directories
@@ -77,8 +88,11 @@ class Translator:
         unless ``alone``.
 
         ``quantize="int8"`` applies dynamic int8 quantization to the Linear layers (CPU only);
-        ``options``: the engine's choices (``aiayn.engine.EngineOptions``). Missing or
-        unreadable files raise an error naming the file.
+        ``options``: the engine's choices (``aiayn.engine.EngineOptions``). A model directory
+        with a ``datastore.safetensors`` (``train.knn``) decodes with it (kNN-MT,
+        ``aiayn.retrieval``) unless ``knn`` is False; ``retrieval`` overrides its
+        ``RetrievalConfig`` (e.g. ``{"lam": 0.5}``). Missing or unreadable files raise an error
+        naming the file.
         """
         if quantize not in (None, "int8"):  # before loading anything
             raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
@@ -94,14 +108,15 @@ class Translator:
             names = ", ".join(map(str, again))
             warnings.warn(f"{names}: given more than once (an ensemble.json names it too?); decoded once", stacklevel=2)
             directories = list(seen.values())
+        stores = [Datastore.load(d, **(retrieval or {})) if knn else None for d in directories]
         if len(directories) > 1:
             ensemble = _load_ensemble(directories, device)
             sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
-            return cls(ensemble, load_tokenizer(directories[0], *sizes), quantize, options)
+            return cls(ensemble, load_tokenizer(directories[0], *sizes), quantize, options, stores)
         directory = directories[0]
         model = Transformer.from_pretrained(directory, device=device)
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
-        return cls(model, tokenizer, quantize, options)
+        return cls(model, tokenizer, quantize, options, stores)
 
     @property
     def max_source_tokens(self) -> int:

@@ -23,6 +23,7 @@ follow later changes to the weights. The prepared model cannot be trained or sav
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +32,9 @@ from ..model import MultiHeadAttention, Transformer
 from .linear import PackedLinear
 from .options import EngineOptions
 from .quantize import quantize_dynamic_int8
+
+if TYPE_CHECKING:
+    from ..retrieval import Datastore
 
 __all__ = ["EngineOptions", "is_prepared", "prepare"]
 
@@ -75,11 +79,17 @@ def is_prepared(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def prepare(model: Transformer, quantize: str | None = None, options: EngineOptions | None = None) -> Transformer:
+def prepare(
+    model: Transformer,
+    quantize: str | None = None,
+    options: EngineOptions | None = None,
+    datastore: Datastore | None = None,
+) -> Transformer:
     """A copy of the encoder-decoder ``model`` ready for fast inference, in eval mode, sharing
     its parameters (module docstring). ``quantize="int8"``: dynamic int8 products on the CPU
     (one scale per weight matrix, activations quantized at each call). ``options``: the
-    engine's choices (default ``EngineOptions()``, the fastest measured)."""
+    engine's choices (default ``EngineOptions()``, the fastest measured). ``datastore``: the
+    model's kNN-MT store (``aiayn.retrieval``), mixed into every decoding step's distribution."""
     if not isinstance(model, Transformer):
         raise TypeError(f"prepare takes an encoder-decoder Transformer, got {type(model).__name__}")
     if quantize not in QUANTIZE:
@@ -106,6 +116,7 @@ def prepare(model: Transformer, quantize: str | None = None, options: EngineOpti
     if not own_layer:  # the untied projection itself, packed or quantized above
         prepared.engine_projection = prepared.output_projection
     prepared.engine = options
+    prepared.datastore = datastore
     return prepared
 
 

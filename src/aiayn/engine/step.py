@@ -111,7 +111,9 @@ class Decoding:
             x = _after(norm, x, _feed_forward(layer.feed_forward, _before(norm, x)))
         if model.decoder.norm is not None:
             x = model.decoder.norm(x)
-        return _project(model.engine_projection, x)  # (B, V)
+        logits = _project(model.engine_projection, x)  # (B, V)
+        store = model.datastore  # kNN-MT (aiayn.retrieval), given to prepare
+        return logits if store is None else store.mix(x, logits)  # (B, V) logits, or log p
 
     def _attend(self, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """softmax(Q Kᵀ / √d_k) V (§3.2.1, eq. 1): ``(B, H, T, D_k)`` queries -> ``(B, H, T, D_v)``."""

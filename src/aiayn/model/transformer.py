@@ -57,6 +57,7 @@ class DecoderOutput(NamedTuple):
     cache: KVCache | None
     self_attention: list[Tensor] | None  # per layer (B, H, T, T)
     cross_attention: list[Tensor] | None  # per layer (B, H, T, S)
+    hidden: Tensor | None = None  # (B, T, d_model), or (N, d_model) with select: what the projection read
 
 
 class Attention(NamedTuple):
@@ -285,7 +286,7 @@ class Transformer(PretrainedMixin, nn.Module):
         x, self_attention, cross_attention = self.decoder(x, memory, self_mask, memory_mask, cache, return_attention)
         if select is not None:
             x = x[select]  # (N, d_model): the output projection is the costliest matmul; skip padding
-        return DecoderOutput(self._logits(x), cache, self_attention, cross_attention)
+        return DecoderOutput(self._logits(x), cache, self_attention, cross_attention, x)
 
     def forward(
         self, src: Tensor, tgt: Tensor, return_attention: bool = False, select: Tensor | None = None
@@ -340,7 +341,7 @@ class DecoderOnly(PretrainedMixin, nn.Module):
         logits = self.embedding.project(x) if self.output_projection is None else self.output_projection(x)
         if self.output_bias is not None:
             logits = logits + self.output_bias
-        return DecoderOutput(logits, cache, self_attention, None)
+        return DecoderOutput(logits, cache, self_attention, None, x)
 
     def forward(
         self, tokens: Tensor, return_attention: bool = False, select: Tensor | None = None

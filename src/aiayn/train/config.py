@@ -158,6 +158,12 @@ class TrainConfig:
     (``members.py``); ``auto`` trains two where one model would make at least
     ``members_auto_steps`` steps in ``max_time`` (projected from the first 5% of it), one
     elsewhere. One machine's CPU only: under torchrun or on a GPU it stays one.
+
+    ``knn`` (not in the paper; off by default): at the end of the run, write into each model
+    directory (each member's too) the kNN-MT datastore of its decoder states over the training
+    sentence pairs (``aiayn.retrieval``; the phrase pairs left out), with which ``aiayn
+    translate``, ``evaluate`` and ``serve`` then decode (``--no-knn``: without); the run's final
+    dev BLEU is scored with it.
     """
 
     task: str = "translation"
@@ -192,6 +198,7 @@ class TrainConfig:
     tokenizer: str | None = None  # use this model or run directory's tokenizer instead of learning a BPE
     members: int | str = 1  # models trained at once on a share of the cores each, an ensemble (members.py); auto
     members_auto_steps: int = 6400  # members auto: two when one model would make this many steps in max_time
+    knn: bool = False  # kNN-MT: a datastore of the training sentences in each model directory (aiayn.retrieval)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_tokens", "accumulate", "warmup", "eval_every", "keep_checkpoints", "log_every"):
@@ -232,6 +239,10 @@ class TrainConfig:
             raise ValueError("train.members decodes the members as one translation ensemble: train.task translation")
         if isinstance(self.members_auto_steps, bool) or not isinstance(self.members_auto_steps, int):
             raise ValueError(f"train.members_auto_steps must be an integer, got {self.members_auto_steps!r}")
+        if not isinstance(self.knn, bool):
+            raise ValueError(f"train.knn must be true or false, got {self.knn!r}")
+        if self.knn and self.task != "translation":
+            raise ValueError("train.knn keeps a datastore of translations: train.task translation")
         object.__setattr__(self, "betas", tuple(self.betas))
 
 

@@ -35,6 +35,7 @@ from ..evaluate import Scores, evaluate_loss, score_translations
 from ..model import ModelConfig, Transformer
 from ..model.pretrained import CONFIG_NAME, atomic_write
 from ..progress import progress_bar
+from ..retrieval import DATASTORE_NAME, Datastore
 from ..translator import Translator
 from .allocator import keep_freed_memory
 from .checkpoint import list_checkpoints, load_checkpoint, resumable_checkpoint, save_checkpoint
@@ -141,18 +142,40 @@ def _positions(
 
 
 def dev_translation_scores(
-    model: Transformer | Ensemble, tokenizer: Tokenizer, sources: list[str], references: list[str]
+    model: Transformer | Ensemble,
+    tokenizer: Tokenizer,
+    sources: list[str],
+    references: list[str],
+    datastores: list[Datastore] | None = None,
 ) -> Scores:
     """BLEU and chrF (sacreBLEU) of the model's (or ensemble's) greedy translations of ``sources``,
-    decoded by the engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``); leaves the
-    model in eval mode."""
+    decoded by the engine as ``aiayn translate`` decodes (``aiayn.engine.prepare``; with each
+    member's kNN-MT ``datastores`` where given); leaves the model in eval mode."""
     model.eval()
-    fast = Translator(model, tokenizer).model  # prepared on the engine (an ensemble: each member)
+    fast = Translator(model, tokenizer, datastores=datastores).model  # on the engine (an ensemble: each member)
     hypotheses = tokenizer.decode_batch(translate_ids(fast, [tokenizer.encode(s) for s in sources]))
     return score_translations(hypotheses, references)
 
 
 PROBE_BATCHES = 9  # a warm-up and 8 timed: about 1 s at the demo's size, 10 s at d_model 512
+
+
+def _datastores(
+    model: Transformer, model_dir: Path, member_dirs: list[Path], pairs: list[Any], device: torch.device, say: Log
+) -> list[Datastore]:
+    """``train.knn``: the kNN-MT datastore (``aiayn.retrieval``) of the run's model and of each
+    member over the training sentence ``pairs``, each saved into its model directory."""
+    stores = []
+    for directory in [model_dir, *member_dirs]:
+        t0 = time.perf_counter()
+        m = model if directory == model_dir else Transformer.from_pretrained(directory, device=device)
+        store = Datastore.build(m, pairs)
+        store.save(directory)
+        seconds = time.perf_counter() - t0
+        where = directory / DATASTORE_NAME
+        say(f"kNN-MT: {len(store):,} keys of {len(pairs):,} sentence pairs in {where} ({seconds:.0f} s)")
+        stores.append(store)
+    return stores
 
 
 def _probe(
@@ -349,6 +372,7 @@ def _train(
     if dev_raw:
         say(f"dev: {len(dev_examples):,} {unit}; skipped {dev_too_long:,} empty or too long")
     translation = isinstance(objective, Translation)  # the dev pairs whose translations are scored
+    sentence_examples = train_examples  # the training pairs without the phrases: train.knn's datastores
     dev_sources = [s for s, _ in dev_raw][: run.data.dev_size] if translation and dev_examples else []
     dev_references = [t for _, t in dev_raw][: run.data.dev_size] if translation else []
 
@@ -646,6 +670,9 @@ def _train(
     torch.set_num_threads(threads)
     if members:
         write_ensemble(model_dir, [m.out / "model" for m in members])
+    stores = None
+    if cfg.knn and translation:
+        stores = _datastores(model, model_dir, [m.out / "model" for m in members], sentence_examples, d.device, say)
     dev_scores = ensemble_scores = None
     if dev_examples and not translation:
         dev_loss, dev_ppl = evaluate_loss(model, dev_examples, cfg.max_tokens, d.device, objective)
@@ -657,7 +684,7 @@ def _train(
         elapsed = round(state["elapsed"], 3)
         final_metrics = {"kind": "final", "step": step, "dev_loss": dev_loss, "dev_ppl": dev_ppl, "elapsed": elapsed}
         if dev_sources:  # data.dev_size 0: no translations to score
-            dev_scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references)
+            dev_scores = dev_translation_scores(model, tokenizer, dev_sources, dev_references, stores and stores[:1])
             final_metrics.update(dev_bleu=dev_scores.bleu, dev_chrf=dev_scores.chrf)
         metrics.log(final_metrics)
         alone = " (member 1 alone)" if members else ""
@@ -668,7 +695,7 @@ def _train(
             ensemble_loss, ensemble_ppl = evaluate_loss(ensemble, dev_examples, cfg.max_tokens, d.device)
             record = {"kind": "ensemble", "members": len(models), "dev_loss": ensemble_loss, "dev_ppl": ensemble_ppl}
             if dev_sources:
-                ensemble_scores = dev_translation_scores(ensemble, tokenizer, dev_sources, dev_references)
+                ensemble_scores = dev_translation_scores(ensemble, tokenizer, dev_sources, dev_references, stores)
                 record.update(dev_bleu=ensemble_scores.bleu, dev_chrf=ensemble_scores.chrf)
             metrics.log(record)
             scored = f", {ensemble_scores}" if ensemble_scores else ""
