@@ -78,21 +78,32 @@ class Datastore:
     """Keys ``(N, d_model)`` (float32) and values ``(N,)`` (token ids) of a model's training
     targets, and the ``RetrievalConfig`` to read them with (module docstring)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, config: RetrievalConfig | None = None) -> None:
+    def __init__(
+        self, keys: Tensor, values: Tensor, config: RetrievalConfig | None = None, centroids: Tensor | None = None
+    ) -> None:
         if keys.dim() != 2 or values.dim() != 1 or keys.size(0) != values.size(0) or keys.size(0) == 0:
             raise ValueError(f"a datastore needs keys (N, d) and values (N,), N > 0; got {tuple(keys.shape)}, "
                              f"{tuple(values.shape)}")  # fmt: skip
         self.keys = keys.float().contiguous()
         self.values = values.long()
         self.config = RetrievalConfig() if config is None else config
+        self.centroids = centroids  # (nlist, d_model): the inverted file's lists, once trained (saved with the store)
         self._index: Any = None
+
+    def with_config(self, config: RetrievalConfig) -> Datastore:
+        """This store (its keys, values and index, shared) read with ``config``."""
+        store = Datastore(self.keys, self.values, config, self.centroids)
+        store._index = self.index  # built here once, if not yet
+        return store
 
     def __len__(self) -> int:
         return self.keys.size(0)
 
     @property
     def index(self) -> Any:
-        """The faiss index over the keys, built at first use (seeded: faiss's k-means is)."""
+        """The faiss index over the keys, built at first use: exact below ``FLAT_BELOW`` keys, else
+        an inverted file whose lists are ``centroids``, found here by k-means (seeded) where the
+        store came without them."""
         if self._index is None:
             faiss = _faiss()
             N, d = self.keys.shape
@@ -100,8 +111,14 @@ class Datastore:
             if N < FLAT_BELOW:
                 index = faiss.IndexFlatL2(d)
             else:
-                index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, round(2 * math.sqrt(N)))
-                index.train(keys)
+                if self.centroids is None:
+                    kmeans = faiss.Kmeans(d, round(2 * math.sqrt(N)), niter=10, seed=1234, max_points_per_centroid=64)
+                    kmeans.train(keys)
+                    self.centroids = torch.from_numpy(kmeans.centroids.copy())
+                quantizer = faiss.IndexFlatL2(d)
+                quantizer.add(self.centroids.float().numpy())
+                index = faiss.IndexIVFFlat(quantizer, d, self.centroids.size(0))
+                index.train(keys[:1])  # nothing to learn: its quantizer holds the lists already
             index.add(keys)
             self._index = index
         return self._index
@@ -164,9 +181,12 @@ class Datastore:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``datastore.safetensors`` into ``directory`` (keys as float16, values as int32,
-        the config as metadata), atomically."""
+        an inverted file's lists, the config as metadata), atomically."""
         path = Path(directory) / DATASTORE_NAME
+        _ = self.index  # an inverted file's lists: found once, here, not at each load
         tensors = {"keys": self.keys.half(), "values": self.values.int()}
+        if self.centroids is not None:
+            tensors["centroids"] = self.centroids.float().contiguous()
         metadata = {"retrieval": json.dumps(asdict(self.config))}
         atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=metadata))
         return path
@@ -182,9 +202,10 @@ class Datastore:
             with safetensors.safe_open(str(path), framework="pt") as f:
                 metadata = f.metadata() or {}
                 keys, values = f.get_tensor("keys"), f.get_tensor("values")
+                centroids = f.get_tensor("centroids") if "centroids" in f.keys() else None  # noqa: SIM118 (safe_open has no __contains__)
             known = {f.name for f in fields(RetrievalConfig)}
             stored = {k: v for k, v in json.loads(metadata.get("retrieval", "{}")).items() if k in known}
             config = RetrievalConfig(**stored).replace(**{k: v for k, v in changes.items() if v is not None})
-            return cls(keys, values, config)
+            return cls(keys, values, config, centroids)
         except (safetensors.SafetensorError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a readable datastore: {e}") from None
