@@ -49,11 +49,12 @@ def test_keys_are_the_states_the_output_projection_reads():
         b = collate([(src, tgt)], 0, 1, 2)
         with torch.no_grad():
             logits = model(b.src, b.tgt_in)[0]  # (T, V), teacher forced
-            assert torch.allclose(model._logits(one.keys), logits, atol=1e-5)  # the projection of the keys
+            # the projection of the keys (kept at float16's precision, as saved)
+            assert torch.allclose(model._logits(one.keys), logits, atol=5e-3)
         assert one.values.tolist() == [*tgt, 2]  # the next token, EOS last
         # each of them is in the store of all the pairs (batched with others: the same states)
         nearest = torch.cdist(one.keys, store.keys, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1)
-        assert nearest.values.max() < 1e-4
+        assert nearest.values.max() < 1e-2  # float16's rounding at most; other pairs' states lie far
         assert store.values[nearest.indices].tolist() == [*tgt, 2]
 
 
@@ -64,6 +65,7 @@ def test_the_mixture_is_lambda_p_knn_plus_one_minus_lambda_p_model():
     store = Datastore(keys, values, config)
     hidden, logits = torch.randn(5, 8, generator=g), torch.randn(5, 12, generator=g)
     got = store.mix(hidden, logits).exp()
+    keys = store.keys  # as stored: float16's values
     for r in range(5):  # by hand: the 3 nearest by squared distance, weights exp(-d / T)
         d = ((keys - hidden[r]) ** 2).sum(-1).double()
         nearest = sorted(range(50), key=lambda i: d[i].item())[:3]
@@ -77,6 +79,10 @@ def test_the_mixture_is_lambda_p_knn_plus_one_minus_lambda_p_model():
     # lambda 0: the model's own distribution
     off = Datastore(keys, values, config.replace(lam=0.0)).mix(hidden, logits)
     assert torch.allclose(off, torch.log_softmax(logits, -1), atol=1e-6)
+    # a row whose probed lists held no key keeps the model's distribution (no NaN)
+    nowhere = (torch.full((5, 3), math.inf), torch.full((5, 3), -1, dtype=torch.long))
+    store.search = lambda queries: nowhere
+    assert torch.allclose(store.mix(hidden, logits), torch.log_softmax(logits, -1), atol=1e-6)
 
 
 def test_the_inverted_file_probed_everywhere_is_the_exact_search(monkeypatch, tmp_path):
@@ -85,7 +91,7 @@ def test_the_inverted_file_probed_everywhere_is_the_exact_search(monkeypatch, tm
     queries = torch.randn(20, 16, generator=g)
     exact = Datastore(keys, values, RetrievalConfig(k=5))
     distances, ids = exact.search(queries)
-    want = torch.cdist(queries, keys, compute_mode="donot_use_mm_for_euclid_dist") ** 2
+    want = torch.cdist(queries, exact.keys, compute_mode="donot_use_mm_for_euclid_dist") ** 2
     assert torch.allclose(distances, want.topk(5, largest=False).values, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(retrieval, "FLAT_BELOW", 1000)  # 3,000 keys: an inverted file of 2 √3000 = 110 lists
     inverted = Datastore(keys, values, RetrievalConfig(k=5, nprobe=110))
@@ -99,6 +105,8 @@ def test_the_inverted_file_probed_everywhere_is_the_exact_search(monkeypatch, tm
     monkeypatch.setattr(faiss, "Kmeans", lambda *args, **kwargs: pytest.fail("k-means ran again"))
     fewer = inverted.with_config(RetrievalConfig(k=5, nprobe=3))
     assert torch.equal(loaded.search(queries)[1], fewer.search(queries)[1])
+    assert not torch.equal(fewer.search(queries)[1], ids)  # 3 lists of 110: not the exact search
+    assert torch.equal(fewer.centroids, inverted.centroids)
 
 
 def test_a_store_of_the_models_own_pairs_makes_it_reproduce_them():
@@ -128,7 +136,7 @@ def test_a_store_saves_and_loads_without_pickle(tmp_path):
     assert path == tmp_path / DATASTORE_NAME
     loaded = Datastore.load(tmp_path)
     assert loaded.config == store.config and torch.equal(loaded.values, store.values)
-    assert torch.allclose(loaded.keys, store.keys, atol=2e-3)  # stored as float16
+    assert torch.equal(loaded.keys, store.keys)  # float16's values, in memory as on disk
     assert Datastore.load(tmp_path, lam=0.7, k=None).config == store.config.replace(lam=0.7)
     assert Datastore.load(tmp_path / "elsewhere") is None
     path.write_bytes(b"\x80\x04not safetensors")  # a pickle's first bytes: never unpickled
@@ -179,7 +187,10 @@ def test_train_knn_keeps_a_store_of_the_training_sentences_in_each_model_directo
         assert store.config == RetrievalConfig()
         assert len(store) == sum(len(t) + 1 for _, t in pairs)  # every training sentence's targets and EOS
         assert sorted(store.values.tolist()) == sorted(i for _, t in pairs for i in [*t, 2])
-        assert any(f"kNN-MT: {len(store):,} keys of {len(pairs)} sentence pairs in {directory}" in s for s in said)
+        # each built by its own run (member 2's by its process, loaded by the run), said in its log
+        member_log = directory.parent / "train.log"
+        log = said if directory.parent == tmp_path / "run" else member_log.read_text().splitlines()
+        assert any(f"kNN-MT: {len(store):,} keys of {len(pairs)} sentence pairs in " in line for line in log)
     assert all(m.datastore is not None for m in translator.model.members)
     # the run's last dev scores are the ensemble's with its stores, as translate decodes
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

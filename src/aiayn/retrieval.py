@@ -84,7 +84,7 @@ class Datastore:
         if keys.dim() != 2 or values.dim() != 1 or keys.size(0) != values.size(0) or keys.size(0) == 0:
             raise ValueError(f"a datastore needs keys (N, d) and values (N,), N > 0; got {tuple(keys.shape)}, "
                              f"{tuple(values.shape)}")  # fmt: skip
-        self.keys = keys.float().contiguous()
+        self.keys = keys.half().float().contiguous()  # as saved: a store searches the same keys before and after
         self.values = values.long()
         self.config = RetrievalConfig() if config is None else config
         self.centroids = centroids  # (nlist, d_model): the inverted file's lists, once trained (saved with the store)
@@ -92,8 +92,9 @@ class Datastore:
 
     def with_config(self, config: RetrievalConfig) -> Datastore:
         """This store (its keys, values and index, shared) read with ``config``."""
+        index = self.index  # built here once, if not yet (an inverted file's lists with it)
         store = Datastore(self.keys, self.values, config, self.centroids)
-        store._index = self.index  # built here once, if not yet
+        store._index = index
         return store
 
     def __len__(self) -> int:
@@ -106,6 +107,7 @@ class Datastore:
         store came without them."""
         if self._index is None:
             faiss = _faiss()
+            faiss.omp_set_num_threads(torch.get_num_threads())
             N, d = self.keys.shape
             keys = self.keys.numpy()
             if N < FLAT_BELOW:
@@ -131,7 +133,7 @@ class Datastore:
         if hasattr(index, "nprobe"):
             index.nprobe = self.config.nprobe
         k = min(self.config.k, len(self))
-        distances, ids = index.search(queries.detach().float().contiguous().numpy(), k)
+        distances, ids = index.search(queries.detach().float().cpu().contiguous().numpy(), k)
         distances, ids = torch.from_numpy(distances), torch.from_numpy(ids)
         return distances.masked_fill(ids < 0, math.inf), ids
 
@@ -142,10 +144,11 @@ class Datastore:
         p = torch.softmax(logits.reshape(hidden.size(0), -1).float(), dim=-1)  # (R, V)
         if cfg.lam > 0:
             distances, ids = self.search(hidden)  # (R, k)
-            weights = torch.softmax(-distances / cfg.temperature, dim=-1)  # (R, k); found nowhere: 0
+            weights = torch.softmax(-distances / cfg.temperature, dim=-1).nan_to_num(0.0)  # (R, k); not found: 0
             tokens = self.values[ids.clamp_min(0)]  # (R, k)
             p_knn = torch.zeros_like(p).scatter_add_(1, tokens.to(p.device), weights.to(p.device))
-            p = cfg.lam * p_knn + (1 - cfg.lam) * p
+            lam = cfg.lam * (ids >= 0).any(dim=-1, keepdim=True).to(p)  # (R, 1): a row no list held keeps p
+            p = lam * p_knn + (1 - lam) * p
         return p.clamp_min(torch.finfo(p.dtype).tiny).log()
 
     @classmethod
@@ -204,8 +207,11 @@ class Datastore:
                 keys, values = f.get_tensor("keys"), f.get_tensor("values")
                 centroids = f.get_tensor("centroids") if "centroids" in f.keys() else None  # noqa: SIM118 (safe_open has no __contains__)
             known = {f.name for f in fields(RetrievalConfig)}
-            stored = {k: v for k, v in json.loads(metadata.get("retrieval", "{}")).items() if k in known}
-            config = RetrievalConfig(**stored).replace(**{k: v for k, v in changes.items() if v is not None})
-            return cls(keys, values, config, centroids)
+            stored = RetrievalConfig(
+                **{k: v for k, v in json.loads(metadata.get("retrieval", "{}")).items() if k in known}
+            )
+            store = cls(keys, values, stored, centroids)
         except (safetensors.SafetensorError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a readable datastore: {e}") from None
+        store.config = stored.replace(**{k: v for k, v in changes.items() if v is not None})
+        return store

@@ -164,9 +164,13 @@ def _datastores(
     model: Transformer, model_dir: Path, member_dirs: list[Path], pairs: list[Any], device: torch.device, say: Log
 ) -> list[Datastore]:
     """``train.knn``: the kNN-MT datastore (``aiayn.retrieval``) of the run's model and of each
-    member over the training sentence ``pairs``, each saved into its model directory."""
+    member over the training sentence ``pairs``, each saved into its model directory (a member's
+    own run saved its own: loaded)."""
     stores = []
     for directory in [model_dir, *member_dirs]:
+        if directory != model_dir and (store := Datastore.load(directory)) is not None:
+            stores.append(store)
+            continue
         t0 = time.perf_counter()
         m = model if directory == model_dir else Transformer.from_pretrained(directory, device=device)
         store = Datastore.build(m, pairs)
@@ -663,6 +667,8 @@ def _train(
         model.load_state_dict(average_checkpoints(paths).state_dict())
     model_dir = out / "model"
     model.save_pretrained(model_dir, step=step)
+    if not (cfg.knn and translation):  # a store beside these weights is another model's
+        (model_dir / DATASTORE_NAME).unlink(missing_ok=True)
     save_tokenizer(tokenizer, model_dir)
     for member in members:
         say(f"waiting for member {member.index} ({member.out}) ...")
