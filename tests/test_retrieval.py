@@ -169,6 +169,14 @@ def test_translate_decodes_with_the_directorys_store_unless_no_knn(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["translate", "--model", str(tmp_path), "--knn-lambda", "2"])
     assert "is not a number from 0 to 1" in capsys.readouterr().err
+    translator = Translator.from_pretrained(tmp_path, retrieval={"lam": 0.5})
+    assert translator.model.datastore.config == RetrievalConfig(k=1, lam=0.5)  # the override, the rest stored
+    # a weight for no store, or with --no-knn: said, not ignored
+    assert main(["translate", "--model", str(tmp_path), "--knn-lambda", "0.5", "--no-knn", "x"]) != 0
+    assert "--knn-lambda sets the datastore's weight, --no-knn decodes without it" in capsys.readouterr().err
+    (tmp_path / DATASTORE_NAME).unlink()
+    assert main(["translate", "--model", str(tmp_path), "--knn-lambda", "0.5", "x"]) != 0
+    assert f"{tmp_path / DATASTORE_NAME}: no kNN-MT datastore to read with" in capsys.readouterr().err
 
 
 def test_train_knn_keeps_a_store_of_the_training_sentences_in_each_model_directory(tmp_path):

@@ -112,6 +112,8 @@ def _translator(args: argparse.Namespace):
 
 def _retrieval(args: argparse.Namespace) -> dict[str, float]:
     """The kNN-MT settings given on the command line, over the datastore's own."""
+    if args.knn_lambda is not None and args.no_knn:
+        raise ValueError("--knn-lambda sets the datastore's weight, --no-knn decodes without it: give one")
     return {"lam": args.knn_lambda} if args.knn_lambda is not None else {}
 
 

@@ -54,7 +54,7 @@ from .data.tokenizer import load_tokenizer
 from .decode import translate_continuous
 from .engine import EngineOptions
 from .model import Transformer
-from .retrieval import Datastore
+from .retrieval import DATASTORE_NAME, Datastore
 from .translator import Translator, ensemble_members
 
 __all__ = ["ServeOptions", "Batcher", "create_app", "load", "model_thread", "serve", "serving"]
@@ -435,6 +435,8 @@ def load(
     if alone or len(ensemble_members(directory)) == 1:
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
         store = Datastore.load(directory, **(retrieval or {})) if knn else None
+        if retrieval and knn and store is None:
+            raise ValueError(f"{Path(directory) / DATASTORE_NAME}: no kNN-MT datastore to read with {retrieval}")
         return Translator(model, tokenizer, quantize, options, [store]), model
     return Translator.from_pretrained(directory, device, quantize, options, knn=knn, retrieval=retrieval), model
 

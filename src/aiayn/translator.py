@@ -27,7 +27,7 @@ from .data.tokenizer import Tokenizer, load_tokenizer, tokenizer_contents
 from .decode import Ensemble, translate_ids
 from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
-from .retrieval import Datastore
+from .retrieval import DATASTORE_NAME, Datastore
 
 __all__ = ["ENSEMBLE_NAME", "Translator", "ensemble_members"]
 
@@ -109,6 +109,9 @@ class Translator:
             warnings.warn(f"{names}: given more than once (an ensemble.json names it too?); decoded once", stacklevel=2)
             directories = list(seen.values())
         stores = [Datastore.load(d, **(retrieval or {})) if knn else None for d in directories]
+        if retrieval and knn and all(store is None for store in stores):
+            names = ", ".join(str(d / DATASTORE_NAME) for d in directories)
+            raise ValueError(f"{names}: no kNN-MT datastore to read with {retrieval} (train.knn makes one)")
         if len(directories) > 1:
             ensemble = _load_ensemble(directories, device)
             sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size

@@ -161,7 +161,7 @@ class TrainConfig:
 
     ``knn`` (not in the paper; off by default): at the end of the run, write into each model
     directory (each member's too) the kNN-MT datastore of its decoder states over the training
-    sentence pairs (``aiayn.retrieval``; the phrase pairs left out), with which ``aiayn
+    pairs (``aiayn.retrieval``; phrase pairs resampled each epoch left out), with which ``aiayn
     translate``, ``evaluate`` and ``serve`` then decode (``--no-knn``: without); the run's final
     dev BLEU is scored with it.
     """
