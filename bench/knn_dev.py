@@ -1,8 +1,9 @@
 """kNN-MT (``aiayn.retrieval``, ``train.knn``) on the Ding dev split: BLEU and chrF of trained runs
 (each ``--run`` a model directory, with its ``ensemble.json``'s members: a pair of ``train.members``)
 decoded without (λ 0) and with their datastores over a grid of λ, T and α, beam 4; and the seconds
-each decoding took (λ 0 skips the search). A run without datastores gets them built here from the training sentences (as
-``train.knn`` builds them; written to its model directories only with ``--save``).
+each decoding took (λ 0 skips the search). A run without datastores gets them built here from the
+training sentences (as ``train.knn`` builds them; written to its model directories only with
+``--save``).
 
 The test split is never read: this is where kNN-MT's settings are chosen.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from aiayn.data.tokenizer import load_tokenizer
 from aiayn.decode import Ensemble
 from aiayn.evaluate import score_translations
 from aiayn.model import Transformer
@@ -57,14 +59,14 @@ def main() -> None:
         directories = ensemble_members(run)
         models = [Transformer.from_pretrained(d).eval() for d in directories]
         model = Ensemble(models).eval() if len(models) > 1 else models[0]
-        tokenizer = Translator.from_pretrained(run, knn=False).tokenizer
+        tokenizer = load_tokenizer(directories[0], model.config.vocab_size, model.config.tgt_vocab_size)
+        encoded = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in train]
         stores = []
         for directory, member in zip(directories, models, strict=True):
             store = Datastore.load(directory)
             if store is None:
                 limit = min(64, member.config.max_len)  # the Ding preset's data.max_len
-                pairs = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in train]
-                pairs = [(s, t) for s, t in pairs if 0 < len(s) < limit and 0 < len(t) < limit]
+                pairs = [(s, t) for s, t in encoded if 0 < len(s) < limit and 0 < len(t) < limit]
                 t0 = time.perf_counter()
                 store = Datastore.build(member, pairs)
                 print(f"{directory}: built {len(store):,} keys in {time.perf_counter() - t0:.0f} s", flush=True)

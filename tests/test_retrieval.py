@@ -128,7 +128,7 @@ def test_a_store_of_the_models_own_pairs_makes_it_reproduce_them():
     )
 
 
-def test_a_store_saves_and_loads_without_pickle(tmp_path):
+def test_a_store_saves_loads_and_an_unreadable_file_is_an_error_naming_it(tmp_path):
     g = torch.Generator().manual_seed(0)
     store = Datastore(torch.randn(30, 8, generator=g), torch.randint(0, 99, (30,), generator=g),
                       RetrievalConfig(k=4, temperature=3.0, lam=0.2))  # fmt: skip

@@ -22,6 +22,7 @@ dev split (docs/benchmarks.md, "kNN-MT").
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Sequence
@@ -91,10 +92,10 @@ class Datastore:
         self._index: Any = None
 
     def with_config(self, config: RetrievalConfig) -> Datastore:
-        """This store (its keys, values and index, shared) read with ``config``."""
-        index = self.index  # built here once, if not yet (an inverted file's lists with it)
-        store = Datastore(self.keys, self.values, config, self.centroids)
-        store._index = index
+        """This store (its keys, values, lists and index, shared, not copied) read with ``config``."""
+        _ = self.index  # built here once, if not yet (an inverted file's lists with it)
+        store = copy.copy(self)
+        store.config = config
         return store
 
     def __len__(self) -> int:

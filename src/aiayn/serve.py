@@ -54,8 +54,7 @@ from .data.tokenizer import load_tokenizer
 from .decode import translate_continuous
 from .engine import EngineOptions
 from .model import Transformer
-from .retrieval import DATASTORE_NAME, Datastore
-from .translator import Translator, ensemble_members
+from .translator import Translator, ensemble_members, load_datastores
 
 __all__ = ["ServeOptions", "Batcher", "create_app", "load", "model_thread", "serve", "serving"]
 
@@ -434,10 +433,8 @@ def load(
     model = Transformer.from_pretrained(directory, device=device).eval()
     if alone or len(ensemble_members(directory)) == 1:
         tokenizer = load_tokenizer(directory, model.config.vocab_size, model.config.tgt_vocab_size)
-        store = Datastore.load(directory, **(retrieval or {})) if knn else None
-        if retrieval and knn and store is None:
-            raise ValueError(f"{Path(directory) / DATASTORE_NAME}: no kNN-MT datastore to read with {retrieval}")
-        return Translator(model, tokenizer, quantize, options, [store]), model
+        stores = load_datastores([Path(directory)], knn, retrieval)
+        return Translator(model, tokenizer, quantize, options, stores), model
     return Translator.from_pretrained(directory, device, quantize, options, knn=knn, retrieval=retrieval), model
 
 

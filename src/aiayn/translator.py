@@ -29,7 +29,7 @@ from .engine import EngineOptions, is_prepared, prepare
 from .model import Transformer
 from .retrieval import DATASTORE_NAME, Datastore
 
-__all__ = ["ENSEMBLE_NAME", "Translator", "ensemble_members"]
+__all__ = ["ENSEMBLE_NAME", "Translator", "ensemble_members", "load_datastores"]
 
 ENSEMBLE_NAME = "ensemble.json"  # in a model directory: the other members of its ensemble (train.members)
 
@@ -108,10 +108,7 @@ class Translator:
             names = ", ".join(map(str, again))
             warnings.warn(f"{names}: given more than once (an ensemble.json names it too?); decoded once", stacklevel=2)
             directories = list(seen.values())
-        stores = [Datastore.load(d, **(retrieval or {})) if knn else None for d in directories]
-        if retrieval and knn and all(store is None for store in stores):
-            names = ", ".join(str(d / DATASTORE_NAME) for d in directories)
-            raise ValueError(f"{names}: no kNN-MT datastore to read with {retrieval} (train.knn makes one)")
+        stores = load_datastores(directories, knn, retrieval)
         if len(directories) > 1:
             ensemble = _load_ensemble(directories, device)
             sizes = ensemble.config.vocab_size, ensemble.config.tgt_vocab_size
@@ -286,6 +283,19 @@ def _load_ensemble(directories: list[Path], device: str | torch.device) -> Ensem
                 f"(train them with --train.tokenizer {directories[0]})"
             )
     return Ensemble([Transformer.from_pretrained(d, device=device) for d in directories], names=directories)
+
+
+def load_datastores(
+    directories: Sequence[Path], knn: bool = True, retrieval: dict[str, Any] | None = None
+) -> list[Datastore | None]:
+    """Each model directory's kNN-MT datastore (``aiayn.retrieval``; None where it has none, or
+    all None unless ``knn``), ``retrieval`` overriding its config: an error where no directory
+    has one to override."""
+    stores = [Datastore.load(d, **(retrieval or {})) if knn else None for d in directories]
+    if retrieval and knn and all(store is None for store in stores):
+        names = ", ".join(str(Path(d) / DATASTORE_NAME) for d in directories)
+        raise ValueError(f"{names}: no kNN-MT datastore to read with {retrieval} (train.knn makes one)")
+    return stores
 
 
 def ensemble_members(model_dir: str | Path) -> list[Path]:
